@@ -1,0 +1,14 @@
+"""The compiler's errors. ``compiler`` may not import ``pgc_daemon``, so its root is its own;
+the daemon's outer layer maps these to exit codes and HTTP statuses."""
+
+
+class CompilerError(Exception):
+    """Root of every error the compiler raises."""
+
+
+class RecipeError(CompilerError, ValueError):
+    """A recipe (or its JSON) is malformed or asks for something that cannot exist."""
+
+
+class BuildError(CompilerError, RuntimeError):
+    """A valid recipe could not be built for this model on this machine."""

@@ -1,0 +1,103 @@
+"""One probe of what this machine can do, shared by kernel-path choices and ``pgc doctor``."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+_FEATURES = {
+    "avx2": "avx2",
+    "avx512": "avx512f",
+    "avx512_vnni": "avx512_vnni",
+    "avx_vnni": "avx_vnni",
+    "avx512_bf16": "avx512_bf16",
+    "amx_int8": "amx_int8",
+    "amx_bf16": "amx_bf16",
+    "avx512_fp16": "avx512_fp16",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu: str
+    arch: str
+    cores: int
+    features: dict[str, bool] = field(default_factory=dict)
+    torch_cpu_capability: str = ""
+    cuda: bool = False
+    gpu: str | None = None
+    gpu_capability: tuple[int, int] | None = None
+
+    @property
+    def int8_fast(self) -> bool:
+        """VNNI or AMX: int8 dot products in hardware, where int8 matmuls beat fp32."""
+        f = self.features
+        return bool(f.get("avx512_vnni") or f.get("avx_vnni") or f.get("amx_int8"))
+
+    @property
+    def bf16_fast(self) -> bool:
+        f = self.features
+        return bool(f.get("avx512_bf16") or f.get("amx_bf16"))
+
+    def key(self) -> str:
+        """A short stable id for study names and cache keys."""
+        parts = [self.arch, self.cpu, ",".join(k for k, v in sorted(self.features.items()) if v)]
+        if self.gpu:
+            parts.append(f"{self.gpu}:{self.gpu_capability}")
+        digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
+        return f"{'cuda' if self.gpu else 'cpu'}-{digest}"
+
+    def summary(self) -> str:
+        feats = [k for k, v in self.features.items() if v]
+        base = f"{self.cpu} ({self.cores} cores; {', '.join(feats) or 'no SIMD extensions'})"
+        return base + (f" + {self.gpu}" if self.gpu else "")
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["int8_fast"] = self.int8_fast
+        d["bf16_fast"] = self.bf16_fast
+        d["key"] = self.key()
+        return d
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name") and ":" in line:
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and ":" in line:
+                    flags = set(line.split(":", 1)[1].split())
+                if flags and name:
+                    break
+    except OSError:
+        pass
+    return name, flags
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Hardware:
+    import os
+
+    name, flags = _cpuinfo()
+    features = {k: flag in flags for k, flag in _FEATURES.items()}
+    cuda = torch.cuda.is_available()
+    gpu = cap = None
+    if cuda:
+        gpu = torch.cuda.get_device_name(0)
+        cap = torch.cuda.get_device_capability(0)
+    return Hardware(
+        cpu=name,
+        arch=platform.machine(),
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        features=features,
+        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        cuda=cuda,
+        gpu=gpu,
+        gpu_capability=cap,
+    )

@@ -1,0 +1,64 @@
+"""Mapping errors to HTTP at the edge, and the error responses the OpenAPI document lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+import store as st
+from compiler import CompilerError
+from pgc_daemon.api.schemas import ErrorBody, ValidationErrorBody
+from pgc_daemon.errors import PgcError, SearchError
+
+RESPONSES_404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such model"}}
+RESPONSES_MUTATING: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or wrong bearer token"},
+    422: {"model": ValidationErrorBody, "description": "invalid body or parameters"},
+}
+RESPONSES_409: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "conflicts with work in progress"}
+}
+
+
+def _json(code: int, detail: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"detail": detail, **extra}, status_code=code)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "request"
+        return _json(422, f"{where}: {first['msg']}", errors=errors)
+
+    @app.exception_handler(st.NotFound)
+    async def _not_found(_req: Request, exc: st.NotFound) -> JSONResponse:
+        return _json(status.HTTP_404_NOT_FOUND, str(exc))
+
+    @app.exception_handler(st.StoreConflict)
+    async def _conflict(_req: Request, exc: st.StoreConflict) -> JSONResponse:
+        return _json(status.HTTP_409_CONFLICT, str(exc))
+
+    @app.exception_handler(st.StoreError)
+    async def _store(_req: Request, exc: st.StoreError) -> JSONResponse:
+        return _json(status.HTTP_503_SERVICE_UNAVAILABLE, f"store unavailable: {exc}")
+
+    @app.exception_handler(SearchError)
+    async def _search(_req: Request, exc: SearchError) -> JSONResponse:
+        return _json(status.HTTP_409_CONFLICT, str(exc))
+
+    @app.exception_handler(CompilerError)
+    async def _compiler(_req: Request, exc: CompilerError) -> JSONResponse:
+        return _json(422, str(exc))
+
+    @app.exception_handler(PgcError)
+    async def _pgc(_req: Request, exc: PgcError) -> JSONResponse:
+        code = 422 if isinstance(exc, ValueError) else 500
+        return _json(code, str(exc))

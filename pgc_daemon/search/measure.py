@@ -1,0 +1,145 @@
+"""Latency that holds on a noisy, shared machine: candidate and baseline measured
+interleaved in one process, in short blocks in random order, repeated until the confidence
+interval of their ratio is tight or a cap is reached.
+
+Drift (another process waking up, thermal changes) hits both arms alike, so the *ratio* is
+stable even when absolute milliseconds are not; that is what pgc compares and reports.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from compiler import Example
+
+# two-sided 95% Student t quantiles by degrees of freedom (normal beyond 30)
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+        10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+
+
+def t95(df: int) -> float:
+    if df <= 0:
+        return math.inf
+    if df > 30:
+        return 1.96
+    key = max(k for k in _T95 if k <= df)
+    return _T95[key]
+
+
+@dataclass(frozen=True)
+class Timing:
+    ratio: float
+    """candidate / baseline latency at the requested percentile (below 1: faster)."""
+    ratio_low: float
+    ratio_high: float
+    rounds: int
+    baseline_ms: dict[str, float]
+    candidate_ms: dict[str, float]
+
+    @property
+    def speedup(self) -> float:
+        return 1.0 / self.ratio if self.ratio > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ratio": self.ratio,
+            "ratio_ci": [self.ratio_low, self.ratio_high],
+            "rounds": self.rounds,
+            "speedup": self.speedup,
+            "baseline_ms": self.baseline_ms,
+            "candidate_ms": self.candidate_ms,
+        }
+
+
+def _pcts(samples: Sequence[float]) -> dict[str, float]:
+    a = np.asarray(samples)
+    p50, p95, p99 = np.percentile(a, (50, 95, 99))
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(a.mean())}
+
+
+def _call(fn: Callable[..., Any], example: Example) -> float:
+    args, kwargs = example
+    t0 = time.perf_counter_ns()
+    fn(*args, **kwargs)
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+def interleaved(
+    baseline: Callable[..., Any],
+    candidate: Callable[..., Any],
+    inputs: Sequence[Example],
+    *,
+    percentile: str = "p50",
+    block: int = 3,
+    min_rounds: int = 6,
+    max_rounds: int = 40,
+    rel_halfwidth: float = 0.03,
+    max_seconds: float = 30.0,
+    warmup: int = 2,
+    seed: int = 0,
+) -> Timing:
+    """Measure ``candidate`` against ``baseline`` on the same inputs, interleaved.
+
+    Each round runs one block of each arm (order shuffled) over rotating inputs; the round's
+    ratio is the ratio of block medians. Stops once the 95% interval of the mean log-ratio is
+    within ``rel_halfwidth`` (after ``min_rounds``), or at ``max_rounds`` / ``max_seconds``.
+    For p95/p99 the ratio is of the arms' percentiles over all calls.
+    """
+    if not inputs:
+        raise ValueError("no inputs to time")
+    rng = random.Random(seed)
+    arms = {"base": baseline, "cand": candidate}
+    samples: dict[str, list[float]] = {"base": [], "cand": []}
+    log_ratios: list[float] = []
+    i = 0
+    started = time.monotonic()
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in arms.values():
+                _call(fn, inputs[0])
+        rounds = 0
+        while rounds < max_rounds:
+            order = ["base", "cand"]
+            rng.shuffle(order)
+            block_ms: dict[str, list[float]] = {}
+            for arm in order:
+                times = []
+                for b in range(block):
+                    times.append(_call(arms[arm], inputs[(i + b) % len(inputs)]))
+                block_ms[arm] = times
+                samples[arm].extend(times)
+            i += block
+            rounds += 1
+            log_ratios.append(
+                math.log(statistics.median(block_ms["cand"]) / statistics.median(block_ms["base"]))
+            )
+            if rounds >= min_rounds:
+                sd = statistics.stdev(log_ratios)
+                half = t95(rounds - 1) * sd / math.sqrt(rounds)
+                if half <= math.log1p(rel_halfwidth):
+                    break
+            if time.monotonic() - started > max_seconds and rounds >= 2:
+                break
+    mean = statistics.fmean(log_ratios)
+    half = (
+        t95(len(log_ratios) - 1) * statistics.stdev(log_ratios) / math.sqrt(len(log_ratios))
+        if len(log_ratios) > 1
+        else math.inf
+    )
+    base, cand = _pcts(samples["base"]), _pcts(samples["cand"])
+    if percentile == "p50":
+        ratio = math.exp(mean)
+        low, high = math.exp(mean - half), math.exp(mean + half)
+    else:
+        ratio = cand[percentile] / base[percentile]
+        low, high = ratio * math.exp(-half), ratio * math.exp(half)
+    return Timing(ratio, low, high, len(log_ratios), base, cand)

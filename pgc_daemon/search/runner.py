@@ -1,0 +1,177 @@
+"""A live search run: what the worker process does for one ``pgc_search_runs`` row.
+
+It rebuilds the model from its MODEL_SPEC, checks it is the model being served (same
+fingerprint), takes the captured live inputs and the live profile from the store, runs the
+study, records every trial, and finally proposes a deployment under the model's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+import store as st
+from compiler import Recipe, fingerprint, probe
+from pgc_daemon.errors import SearchError
+from pgc_daemon.modelspec import load_spec
+from pgc_daemon.policy import Policy
+from pgc_daemon.reservoir import InputReservoir
+from pgc_daemon.search.evaluate import Evaluator
+from pgc_daemon.search.space import build_space
+from pgc_daemon.search.study import Search, SearchResult, TrialRecord
+from pgc_daemon.settings import Settings
+from profiler import shape_key
+
+log = logging.getLogger("pgc.search")
+
+MIN_INPUTS = 8
+ACCURACY_INPUTS = 64
+TIMING_INPUTS = 16
+
+
+def timing_inputs_for(inputs: list[Any], histogram: dict[str, int], n: int = TIMING_INPUTS) -> list[Any]:
+    """Inputs whose shapes follow live traffic: each shape bucket gets its share of ``n``."""
+    by_key: dict[str, list[Any]] = {}
+    for ex in inputs:
+        by_key.setdefault(shape_key(*ex), []).append(ex)
+    total = sum(histogram.get(k, 0) for k in by_key) or 0
+    if total == 0:
+        return inputs[:n]
+    out: list[Any] = []
+    for key, items in sorted(by_key.items(), key=lambda kv: -histogram.get(kv[0], 0)):
+        want = max(1, round(n * histogram.get(key, 0) / total)) if histogram.get(key, 0) else 0
+        out.extend(items[:want])
+    return out[:n] or inputs[:n]
+
+
+def run_live_search(settings: Settings, run_id: int) -> SearchResult:
+    store = st.open_store(settings.store_url)
+    with store.session() as s:
+        run = st.repo.get_search_run(s, run_id)
+        model = s.get(st.Model, run.model_id)
+        policy_row = st.repo.get_policy(s, model.id)
+        reservoir = st.repo.load_reservoir(s, model.id)
+        baseline = next(
+            (v for v in st.repo.list_variants(s, model.id) if v.recipe_hash == Recipe().hash), None
+        )
+        profile = st.repo.layer_profile(
+            s, model.id, variant_id=baseline.id if baseline else None, since=time.time() - 3600
+        )
+        histogram = st.repo.shape_histogram(s, model.id, since=time.time() - 3600)
+        st.repo.update_search_run(s, run_id, state="running", message="loading the model")
+    policy = Policy.parse(policy_row.settings if policy_row else {})
+    if not model.spec:
+        raise SearchError(f"model {model.name!r} was attached without a spec; nothing to rebuild")
+    spec = load_spec(model.spec)
+    if model.graph_hash and fingerprint(spec.model) != model.graph_hash:
+        raise SearchError(
+            f"{model.spec} builds a different model than the one served (fingerprint mismatch)"
+        )
+    threads = settings.num_threads or (model.input_signature or {}).get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    inputs = InputReservoir.deserialize(reservoir.payload) if reservoir else []
+    source = "live traffic"
+    if len(inputs) < MIN_INPUTS:
+        inputs, source = spec.examples, "the spec's example inputs"
+    evaluator = Evaluator(
+        spec.model,
+        inputs[:ACCURACY_INPUTS],
+        metric=model.metric or spec.metric,
+        accuracy=spec.accuracy if spec.labels is None else None,
+    )
+    space = build_space(spec.model, profile, probe())
+    timing = timing_inputs_for(inputs, histogram)
+
+    def on_trial(rec: TrialRecord, done: int, budget: int) -> None:
+        with store.session() as s:
+            record_trial(s, model.id, run_id, rec)
+            best = _best(s, model.id, run_id)
+            st.repo.update_search_run(
+                s,
+                run_id,
+                trials_done=done,
+                best_speedup=best[0],
+                best_fidelity=best[1],
+                message=f"trial {done}/{budget}: {rec.label}: {rec.message}",
+            )
+
+    def should_stop() -> bool:
+        with store.session() as s:
+            return st.repo.get_search_run(s, run_id).state == "cancelled"
+
+    with store.session() as s:
+        st.repo.update_search_run(
+            s, run_id, message=f"searching {space.size} variants on {len(inputs)} inputs from {source}"
+        )
+    search = Search(
+        base=spec.model,
+        space=space,
+        policy=policy,
+        evaluator=evaluator,
+        timing_inputs=timing,
+        calibration=inputs,
+        storage=settings.optuna_storage(),
+        name=run.study_name,
+        on_trial=on_trial,
+        should_stop=should_stop,
+    )
+    search.enqueue(space.baselines())
+    result = search.run(policy.max_trials, timeout_s=policy.time_budget_s)
+    finish_run(store, model.id, run_id, result, policy)
+    return result
+
+
+def _best(s: Any, model_id: int, run_id: int) -> tuple[float | None, float | None]:
+    best = None
+    for t in st.repo.list_trials(s, model_id, run_id=run_id):
+        if t.feasible and t.speedup is not None and (best is None or t.speedup > best.speedup):
+            best = t
+    return (best.speedup, best.fidelity) if best else (None, None)
+
+
+def record_trial(s: Any, model_id: int, run_id: int, rec: TrialRecord) -> None:
+    variant = st.repo.get_or_create_variant(s, model_id, rec.recipe_hash, rec.recipe, rec.label)
+    st.repo.add_trial(
+        s,
+        run_id=run_id,
+        model_id=model_id,
+        variant_id=variant.id,
+        number=rec.number,
+        state=rec.state,
+        latency_ms=rec.latency_ms,
+        baseline_ms=rec.baseline_ms,
+        speedup=rec.speedup,
+        fidelity=rec.fidelity,
+        accuracy_drop=rec.drop,
+        feasible=rec.feasible,
+        params=rec.params,
+        message=rec.message,
+        duration_s=rec.duration_s,
+    )
+
+
+def finish_run(store: st.Store, model_id: int, run_id: int, result: SearchResult, policy: Policy) -> None:
+    from pgc_daemon.decide import propose  # noqa: PLC0415
+
+    with store.session() as s:
+        chosen_variant = None
+        if result.chosen is not None:
+            chosen_variant = st.repo.get_or_create_variant(
+                s, model_id, result.chosen.recipe_hash, result.chosen.recipe, result.chosen.label
+            ).id
+        st.repo.update_search_run(
+            s,
+            run_id,
+            state="done" if result.feasible else "infeasible",
+            chosen_variant_id=chosen_variant,
+            message=result.message,
+            finished_at=time.time(),
+        )
+        if not result.feasible:
+            st.repo.add_event(s, model_id, "infeasible", result.message, level="warning")
+    if result.chosen is not None:
+        propose(store, model_id, result.chosen, policy, run_id=run_id)

@@ -1,0 +1,335 @@
+"""The search: an Optuna multi-objective study (latency ratio, accuracy drop) under the
+policy's constraints, driven trial by trial with ask/tell so each trial can be pruned on
+accuracy before it is timed, and so a recipe already measured is never built twice.
+
+The study lives in Optuna's RDB storage under a name made of the model, its fingerprint, the
+hardware and the policy: a restarted worker resumes it with every finished trial kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+import torch
+from torch import nn
+
+from compiler import BuildError, Example, Recipe, build, warm
+from pgc_daemon.policy import Policy
+from pgc_daemon.search.evaluate import Evaluator
+from pgc_daemon.search.measure import interleaved
+from pgc_daemon.search.space import Space
+
+log = logging.getLogger("pgc.search")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+QUICK_INPUTS = 8
+CALIBRATION_INPUTS = 32
+
+
+@dataclass
+class TrialRecord:
+    number: int
+    state: str  # complete | pruned | failed
+    params: dict[str, Any]
+    recipe: dict[str, Any]
+    recipe_hash: str
+    label: str
+    ratio: float | None = None
+    speedup: float | None = None
+    latency_ms: float | None = None
+    baseline_ms: float | None = None
+    fidelity: float | None = None
+    drop: float | None = None
+    feasible: bool = False
+    violation: float = 1e9
+    message: str = ""
+    duration_s: float = 0.0
+    duplicate: bool = False
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SearchResult:
+    records: list[TrialRecord]
+    front: list[TrialRecord]
+    chosen: TrialRecord | None
+    closest: list[TrialRecord]
+    baseline_ms: float | None
+    metric: str
+    message: str
+    study_name: str
+
+    @property
+    def feasible(self) -> bool:
+        return self.chosen is not None
+
+
+def study_name(model: str, graph_hash: str, hardware: str, policy: Policy) -> str:
+    """One study per (model, base graph, hardware, policy)."""
+    pol = json.dumps(policy.model_dump(), sort_keys=True)
+    return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{hashlib.sha256(pol.encode()).hexdigest()[:8]}"
+
+
+def _constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
+    return trial.user_attrs.get("constraints", [1.0])
+
+
+def open_study(name: str, storage: str, seed: int = 0) -> optuna.Study:
+    sampler = optuna.samplers.TPESampler(
+        seed=seed,
+        n_startup_trials=4,
+        multivariate=True,
+        constraints_func=_constraints,
+        warn_independent_sampling=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            sampler=sampler,
+            directions=["minimize", "minimize"],
+            load_if_exists=True,
+        )
+        if not study.metric_names:
+            study.set_metric_names(["latency_ratio", "accuracy_drop"])
+    # A worker killed mid-trial leaves it RUNNING forever: close it so the budget is honest.
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    return study
+
+
+def _record_from_frozen(t: optuna.trial.FrozenTrial) -> TrialRecord | None:
+    data = t.user_attrs.get("record")
+    if data is None:
+        return None
+    return TrialRecord(**data)
+
+
+class Search:
+    """One search run over ``space`` for ``base``."""
+
+    def __init__(
+        self,
+        *,
+        base: nn.Module,
+        space: Space,
+        policy: Policy,
+        evaluator: Evaluator,
+        timing_inputs: Sequence[Example],
+        calibration: Sequence[Example],
+        storage: str,
+        name: str,
+        seed: int = 0,
+        on_trial: Callable[[TrialRecord, int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        max_timing_s: float = 20.0,
+    ) -> None:
+        self.base = base
+        self.space = space
+        self.policy = policy
+        self.evaluator = evaluator
+        self.timing_inputs = list(timing_inputs)
+        self.calibration = list(calibration)[:CALIBRATION_INPUTS]
+        self.name = name
+        self.study = open_study(name, storage, seed)
+        self.on_trial = on_trial
+        self.should_stop = should_stop or (lambda: False)
+        self.max_timing_s = max_timing_s
+        self.seed = seed
+
+    # ------------------------------------------------------------------ running
+
+    def finished(self) -> list[TrialRecord]:
+        out = []
+        for t in self.study.get_trials(deepcopy=False):
+            rec = _record_from_frozen(t)
+            if rec is not None and t.state.is_finished():
+                out.append(rec)
+        return out
+
+    def enqueue(self, params_list: Sequence[dict[str, Any]]) -> None:
+        for params in params_list:
+            self.study.enqueue_trial(params, skip_if_exists=True)
+
+    def run(self, n_trials: int, timeout_s: float | None = None) -> SearchResult:
+        """Run until ``n_trials`` distinct recipes are evaluated in this study (earlier runs of
+        the same study count), the time budget ends, or ``should_stop`` says so."""
+        started = time.monotonic()
+        records = self.finished()
+        seen = {r.recipe_hash: r for r in records if not r.duplicate}
+        evaluated = len(seen)
+        asks = 0
+        while evaluated < n_trials and asks < 4 * n_trials:
+            if self.should_stop():
+                break
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                break
+            asks += 1
+            trial = self.study.ask()
+            recipe = self.space.suggest(trial)
+            prior = seen.get(recipe.hash)
+            if prior is not None:
+                rec = TrialRecord(**{**prior.to_dict(), "number": trial.number, "duplicate": True})
+                self._tell(trial, rec)
+                continue
+            rec = self._evaluate(trial.number, trial.params, recipe)
+            self._tell(trial, rec)
+            seen[rec.recipe_hash] = rec
+            records.append(rec)
+            evaluated += 1
+            if self.on_trial is not None:
+                self.on_trial(rec, evaluated, n_trials)
+        return self.result([r for r in records if not r.duplicate])
+
+    def _tell(self, trial: optuna.Trial, rec: TrialRecord) -> None:
+        trial.set_user_attr("record", rec.to_dict())
+        if rec.state == "complete":
+            trial.set_user_attr("constraints", self._constraint_values(rec))
+            self.study.tell(trial, [rec.ratio, max(rec.drop or 0.0, 0.0)])
+        elif rec.state == "pruned":
+            trial.set_user_attr("constraints", [max(rec.drop or 1.0, 1e-9)])
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _constraint_values(self, rec: TrialRecord) -> list[float]:
+        values = [(rec.drop or 0.0) - self.policy.max_accuracy_drop]
+        if self.policy.latency_target_ms is not None and rec.latency_ms is not None:
+            values.append(rec.latency_ms - self.policy.latency_target_ms)
+        return values
+
+    def _evaluate(self, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
+        t0 = time.monotonic()
+        rec = TrialRecord(
+            number=number,
+            state="failed",
+            params=dict(params),
+            recipe=recipe.to_dict(),
+            recipe_hash=recipe.hash,
+            label=recipe.label(),
+        )
+        policy = self.policy
+        variant = None
+        try:
+            example = self.calibration[0] if self.calibration else None
+            variant = build(self.base, recipe, calibration=self.calibration, example=example)
+            warm(variant, self.timing_inputs[:1], rounds=1)
+            quick = self.evaluator.score(variant.module, QUICK_INPUTS)
+            if quick.drop > 2 * policy.max_accuracy_drop + 0.01:
+                rec.state, rec.fidelity, rec.drop = "pruned", quick.fidelity, quick.drop
+                rec.message = f"pruned before timing: drop {quick.drop:.4f} on {quick.n} inputs"
+                return rec
+            full = self.evaluator.score(variant.module)
+            rec.fidelity, rec.drop = full.fidelity, full.drop
+            timing = interleaved(
+                self.base,
+                variant.module,
+                self.timing_inputs,
+                percentile=policy.latency_percentile,
+                max_seconds=self.max_timing_s,
+                seed=self.seed + number,
+            )
+            pct = policy.latency_percentile
+            rec.ratio = timing.ratio
+            rec.speedup = timing.speedup
+            rec.baseline_ms = timing.baseline_ms[pct]
+            rec.latency_ms = timing.candidate_ms[pct]
+            rec.timing = timing.to_dict()
+            rec.state = "complete"
+            violations = [max(v, 0.0) for v in self._constraint_values(rec)]
+            rec.feasible = all(v == 0.0 for v in violations)
+            rec.violation = _normalized_violation(rec, policy)
+            rec.message = (
+                f"{rec.speedup:.2f}x faster, {self.evaluator.metric} {rec.fidelity:.4f}"
+                + ("" if rec.feasible else " (infeasible)")
+            )
+        except BuildError as exc:
+            rec.message = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a broken candidate is a failed trial
+            rec.message = f"{type(exc).__name__}: {exc}"
+        finally:
+            rec.duration_s = time.monotonic() - t0
+            del variant
+            torch._dynamo.reset()
+            gc.collect()
+        return rec
+
+    # ------------------------------------------------------------------ result
+
+    def result(self, records: list[TrialRecord]) -> SearchResult:
+        complete = [r for r in records if r.state == "complete"]
+        front = pareto_front(complete)
+        chosen = pick(complete, self.policy)
+        closest: list[TrialRecord] = []
+        baselines = [r.baseline_ms for r in complete if r.baseline_ms]
+        baseline_ms = sorted(baselines)[len(baselines) // 2] if baselines else None
+        if chosen is None:
+            closest = sorted(complete, key=lambda r: r.violation)[:3]
+            message = "no feasible variant under the policy" + (
+                "; closest: " + "; ".join(f"{r.label} ({r.message})" for r in closest)
+                if closest
+                else ""
+            )
+        else:
+            message = f"chose {chosen.label}: {chosen.message}"
+        return SearchResult(
+            records=records,
+            front=front,
+            chosen=chosen,
+            closest=closest,
+            baseline_ms=baseline_ms,
+            metric=self.evaluator.metric,
+            message=message,
+            study_name=self.name,
+        )
+
+
+def _normalized_violation(rec: TrialRecord, policy: Policy) -> float:
+    """How far a trial is from feasible, in units of the policy's own bounds."""
+    v = max((rec.drop or 0.0) - policy.max_accuracy_drop, 0.0) / max(policy.max_accuracy_drop, 1e-3)
+    if policy.latency_target_ms is not None and rec.latency_ms is not None:
+        v += max(rec.latency_ms - policy.latency_target_ms, 0.0) / policy.latency_target_ms
+    return v
+
+
+def pareto_front(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on both latency ratio and accuracy drop."""
+    front = []
+    for r in records:
+        dominated = any(
+            o is not r
+            and o.ratio <= r.ratio
+            and (o.drop or 0.0) <= (r.drop or 0.0)
+            and (o.ratio < r.ratio or (o.drop or 0.0) < (r.drop or 0.0))
+            for o in records
+        )
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: r.ratio)
+
+
+def pick(records: Sequence[TrialRecord], policy: Policy) -> TrialRecord | None:
+    """The policy's point of the front: the fastest feasible variant (ties within 2% go to
+    the more accurate), or the most accurate one under the latency target."""
+    feasible = [r for r in records if r.state == "complete" and r.feasible]
+    if not feasible:
+        return None
+    if policy.objective == "most_accurate":
+        return min(feasible, key=lambda r: ((r.drop or 0.0), r.ratio))
+    fastest = min(r.ratio for r in feasible)
+    near = [r for r in feasible if r.ratio <= fastest * 1.02]
+    return min(near, key=lambda r: ((r.drop or 0.0), r.ratio))

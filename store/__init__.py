@@ -1,0 +1,41 @@
+"""pgc's store: per-layer and request statistics, variants, policies, searches and
+deployments in SQLite (one file) or PostgreSQL (a fleet), through SQLAlchemy 2.0."""
+
+from store import repo
+from store._engine import DEFAULT_URL, Store, open_store
+from store._errors import NotFound, StoreConflict, StoreError, StoreUnavailable
+from store._schema import (
+    Deployment,
+    Event,
+    HostStat,
+    LayerStat,
+    Model,
+    Policy,
+    RequestStat,
+    SearchRun,
+    Transition,
+    Trial,
+    Variant,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "Deployment",
+    "Event",
+    "HostStat",
+    "LayerStat",
+    "Model",
+    "NotFound",
+    "Policy",
+    "RequestStat",
+    "SearchRun",
+    "Store",
+    "StoreConflict",
+    "StoreError",
+    "StoreUnavailable",
+    "Transition",
+    "Trial",
+    "Variant",
+    "open_store",
+    "repo",
+]
