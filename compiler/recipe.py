@@ -244,8 +244,10 @@ class Recipe:
 
     @property
     def hash(self) -> str:
-        """SHA-256 of the canonical JSON: equal recipes, equal hashes, across processes."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """SHA-256 of the canonical JSON: equal recipes, equal hashes, across processes.
+        ``to_dict`` is already canonical (fixed field order, rules normalized in
+        ``Quantization``); keys are not sorted, since regex order is priority."""
+        canonical = json.dumps(self.to_dict(), separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def label(self) -> str:

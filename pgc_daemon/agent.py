@@ -227,6 +227,10 @@ class ServedModel:
             self.model_id = model.id
             self.baseline_variant_id = baseline.id
             base_dep = dep.id
+            saved = st.repo.load_reservoir(sess, model.id) if same_model else None
+        if saved is not None and len(self.reservoir) == 0:
+            # the live inputs of the last run: calibration and verification need not wait
+            self.reservoir.load(InputReservoir.deserialize(saved.payload), seen=saved.seen)
         if self._slot.module is self.base:
             self._slot = self.base_slot(base_dep)
 
@@ -308,6 +312,7 @@ class ServedModel:
         """Write the current statistics window and the reservoir now (tests, shutdown)."""
         self.profiler.flush()
         try:
+            self.ensure_metric()
             self._save_reservoir(force=True)
         except Exception:  # noqa: BLE001
             log.warning("saving the input reservoir failed", exc_info=True)

@@ -87,6 +87,10 @@ class Swapper:
             self._stop.wait(backoff)
 
     def _pending(self) -> list[int]:
+        """Candidates to deploy, oldest first; none until live inputs exist to warm up and
+        verify with (a candidate waits rather than fails)."""
+        if len(self.served.reservoir) == 0:
+            return []
         with self.served.store().session() as sess:
             return [d.id for d in st.repo.pending_deployments(sess, self.served.model_id)]
 

@@ -3,7 +3,7 @@ deployments in SQLite (one file) or PostgreSQL (a fleet), through SQLAlchemy 2.0
 
 from store import repo
 from store._engine import DEFAULT_URL, Store, open_store
-from store._errors import NotFound, StoreConflict, StoreError, StoreUnavailable
+from store._errors import NotFound, StoreConfigError, StoreConflict, StoreError, StoreUnavailable
 from store._schema import (
     Deployment,
     Event,
@@ -30,6 +30,7 @@ __all__ = [
     "RequestStat",
     "SearchRun",
     "Store",
+    "StoreConfigError",
     "StoreConflict",
     "StoreError",
     "StoreUnavailable",

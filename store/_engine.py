@@ -20,13 +20,14 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store._errors import StoreConflict, StoreError, StoreUnavailable
+from store._errors import StoreConfigError, StoreConflict, StoreError, StoreUnavailable
 
 log = logging.getLogger("pgc.store")
 
 DEFAULT_URL = "sqlite:///pgc.db"
 _MIGRATIONS = Path(__file__).with_name("migrations")
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+VERSION_TABLE = "pgc_alembic_version"
 
 
 class Store:
@@ -42,10 +43,12 @@ class Store:
         try:
             parsed = make_url(url)
         except ArgumentError as exc:
-            raise StoreError(f"not a database URL: {url!r}") from exc
+            raise StoreConfigError(f"not a database URL: {url!r}") from exc
         self.dialect = parsed.get_backend_name()
         if self.dialect not in ("sqlite", "postgresql"):
-            raise StoreError(f"unsupported store {self.dialect!r}: use sqlite:/// or postgresql://")
+            raise StoreConfigError(
+                f"unsupported store {self.dialect!r}: use sqlite:/// or postgresql://"
+            )
         self.engine: Engine = _make_engine(url, self.dialect)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if migrate:
@@ -100,8 +103,12 @@ class Store:
     def _migration_lock(self) -> Iterator[None]:
         path = self.sqlite_path
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(str(path) + ".lock", "a+") as fh:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(str(path) + ".lock", "a+")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot open store {self.safe_url}: {exc}") from exc
+            with fh:
                 fcntl.flock(fh, fcntl.LOCK_EX)
                 try:
                     yield
@@ -167,5 +174,6 @@ def current_revision(engine: Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return ctx.get_current_revision()
 

@@ -16,3 +16,7 @@ class StoreConflict(StoreError, ValueError):
 
 class NotFound(StoreError, LookupError):
     """The named row does not exist."""
+
+
+class StoreConfigError(StoreError, ValueError):
+    """The store URL is malformed or names a database pgc does not support."""

@@ -83,18 +83,9 @@ def study_name(model: str, graph_hash: str, hardware: str, policy: Policy) -> st
     return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{hashlib.sha256(pol.encode()).hexdigest()[:8]}"
 
 
-def _constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-    return trial.user_attrs.get("constraints", [1.0])
-
-
 def open_study(name: str, storage: str, seed: int = 0) -> optuna.Study:
-    sampler = optuna.samplers.TPESampler(
-        seed=seed,
-        n_startup_trials=4,
-        multivariate=True,
-        constraints_func=_constraints,
-        warn_independent_sampling=False,
-    )
+    # Constraints are set on each trial (``Trial.set_constraint``); TPE reads them.
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(
@@ -198,18 +189,20 @@ class Search:
     def _tell(self, trial: optuna.Trial, rec: TrialRecord) -> None:
         trial.set_user_attr("record", rec.to_dict())
         if rec.state == "complete":
-            trial.set_user_attr("constraints", self._constraint_values(rec))
+            for key, value in self._constraints(rec).items():
+                trial.set_constraint(key, value)
             self.study.tell(trial, [rec.ratio, max(rec.drop or 0.0, 0.0)])
         elif rec.state == "pruned":
-            trial.set_user_attr("constraints", [max(rec.drop or 1.0, 1e-9)])
+            trial.set_constraint("accuracy_drop", max(rec.drop or 1.0, 1e-9))
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def _constraint_values(self, rec: TrialRecord) -> list[float]:
-        values = [(rec.drop or 0.0) - self.policy.max_accuracy_drop]
+    def _constraints(self, rec: TrialRecord) -> dict[str, float]:
+        """Constraint values (feasible when <= 0) from the policy."""
+        values = {"accuracy_drop": (rec.drop or 0.0) - self.policy.max_accuracy_drop}
         if self.policy.latency_target_ms is not None and rec.latency_ms is not None:
-            values.append(rec.latency_ms - self.policy.latency_target_ms)
+            values["latency_ms"] = rec.latency_ms - self.policy.latency_target_ms
         return values
 
     def _evaluate(self, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
@@ -250,11 +243,12 @@ class Search:
             rec.latency_ms = timing.candidate_ms[pct]
             rec.timing = timing.to_dict()
             rec.state = "complete"
-            violations = [max(v, 0.0) for v in self._constraint_values(rec)]
-            rec.feasible = all(v == 0.0 for v in violations)
+            rec.feasible = all(v <= 0.0 for v in self._constraints(rec).values())
             rec.violation = _normalized_violation(rec, policy)
+            pace = "faster" if rec.speedup >= 1 else "slower"
+            factor = rec.speedup if rec.speedup >= 1 else 1 / rec.speedup
             rec.message = (
-                f"{rec.speedup:.2f}x faster, {self.evaluator.metric} {rec.fidelity:.4f}"
+                f"{factor:.2f}x {pace} than fp32 eager, {self.evaluator.metric} {rec.fidelity:.4f}"
                 + ("" if rec.feasible else " (infeasible)")
             )
         except BuildError as exc:

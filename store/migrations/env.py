@@ -3,6 +3,7 @@
 
 from alembic import context
 
+from store._engine import VERSION_TABLE
 from store._schema import Base
 
 config = context.config
@@ -14,7 +15,7 @@ context.configure(
     connection=connection,
     target_metadata=Base.metadata,
     render_as_batch=True,
-    version_table="pgc_alembic_version",
+    version_table=VERSION_TABLE,
     compare_type=True,
 )
 with context.begin_transaction():

@@ -1,0 +1,180 @@
+"""The agent in a serving process: registration, statistics, hot-swap under load, fallbacks
+and rollbacks. Real models (digits MLP), a real SQLite store, real threads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import store as st
+from compiler import Backend, Quantization, Recipe
+from pgc_daemon import attach
+from pgc_daemon.settings import Settings
+from pgc_daemon.slot import Slot
+
+from .helpers import Load, deploy, deployment_state, wait_for
+
+SPEC = "pgc_daemon.examples.digits:mlp"
+INT8 = Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}))
+INT8_COMPILED = Recipe(quantization=INT8.quantization, backend=Backend("inductor"))
+
+
+def _attach(spec: dict[str, Any], settings: Settings, **policy: Any) -> Any:
+    policy = {"canary_s": 0.5, "canary_shadow_samples": 4, **policy}
+    served = attach(spec["model"], name="mlp", spec=SPEC, settings=settings, policy=policy)
+    wait_for(lambda: served.model_id is not None, what="registration")
+    return served
+
+
+def _inputs(spec: dict[str, Any]) -> list[torch.Tensor]:
+    return [args[0] for args in spec["example_inputs"][:8]]
+
+
+def test_attach_registers_and_exports_live_statistics(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
+    served = _attach(mlp_spec, settings)
+    try:
+        inputs = _inputs(mlp_spec) * 10
+        for x in inputs:
+            out = served(x)
+            assert out.shape == (x.shape[0], 10)
+        served.flush()
+        n = len(inputs)
+        with store.session() as s:
+            model = st.repo.get_model(s, "mlp")
+            assert model.spec == SPEC and model.graph_hash and model.metric == "top1"
+            summ = st.repo.request_summary(s, model.id)
+            assert summ["count"] == n and summ["sampled"] == n // 5  # 1 in 5
+            prof = st.repo.layer_profile(s, model.id)
+            assert {"net.1", "net.3", "net.5"} <= {r["layer"] for r in prof}
+            assert st.repo.shape_histogram(s, model.id) == {"b64 1x8x8": n}
+            assert st.repo.load_reservoir(s, model.id).count == 32
+            active = st.repo.active_deployment(s, model.id)
+            assert active.source == "attach"
+            assert st.repo.get_policy(s, model.id).settings["canary_s"] == 0.5
+    finally:
+        served.close()
+
+
+def test_the_users_own_errors_are_not_hidden(mlp_spec: dict, settings: Settings) -> None:
+    served = _attach(mlp_spec, settings)
+    try:
+        with pytest.raises(RuntimeError):
+            served(torch.zeros(2, 3))  # a wrong input for the user's model is the user's error
+    finally:
+        served.close()
+
+
+def test_a_swap_under_concurrent_load_serves_every_request_correctly(
+    mlp_spec: dict, settings: Settings, store: st.Store
+) -> None:
+    # torchao's eager int8 is slower than fp32 on a model this small; the canary would
+    # (rightly) roll it back. This test is about correctness across swaps, so allow it.
+    served = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
+    try:
+        with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=4) as load:
+            wait_for(lambda: load.calls > 50, what="traffic")
+            for recipe in (INT8, Recipe(), INT8_COMPILED):
+                dep = deploy(store, "mlp", recipe)
+                wait_for(lambda: deployment_state(store, dep) in ("active", "failed", "rolled_back"),
+                         timeout=120, what=f"deployment of {recipe.label()}")
+                assert deployment_state(store, dep) == "active"
+                assert served.slot.variant_id is not None
+            before = load.calls
+            wait_for(lambda: load.calls > before + 50, what="traffic after the swaps")
+        assert load.errors == []
+        assert load.wrong == 0
+        with store.session() as s:
+            model = st.repo.get_model(s, "mlp")
+            deps = st.repo.list_deployments(s, model.id)
+            states = [d.state for d in deps]
+            assert states.count("active") == 1 and states[0] == "active"
+            last = st.repo.get_deployment(s, deps[0].id)
+            assert [t.to_state for t in last.transitions] == [
+                "candidate", "building", "warming", "verifying", "canary", "active"
+            ]
+            assert last.live_fidelity is not None and last.live_fidelity > 0.9
+        assert served.slot.label == INT8_COMPILED.label()
+    finally:
+        served.close()
+
+
+class Broken(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a variant bug")
+
+
+def test_a_failing_variant_falls_back_and_is_reverted(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
+    served = _attach(mlp_spec, settings)
+    try:
+        x = _inputs(mlp_spec)[0]
+        expected = mlp_spec["model"](x)
+        served.swap(Slot(Broken(), 999, "broken", True, None))
+        out = served(x)  # served by the base module instead
+        assert torch.allclose(out, expected)
+        assert served.fallbacks == 1
+        wait_for(lambda: served.slot.module is served.base, what="revert to the base")
+        with store.session() as s:
+            events = st.repo.list_events(s, served.model_id, kind="rollback")
+            assert events and "variant failed live requests" in events[0].message
+            assert st.repo.active_deployment(s, served.model_id).source == "rollback"
+    finally:
+        served.close()
+
+
+def test_a_candidate_that_fails_verification_never_serves(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
+    served = _attach(mlp_spec, settings, max_accuracy_drop=0.0)
+    try:
+        for x in _inputs(mlp_spec):
+            served(x)
+        # int8-dynamic-pt changes some argmaxes; with a zero budget it must not pass
+        dep = deploy(store, "mlp", Recipe(quantization=Quantization.of({"_default": "bf16"})))
+        wait_for(lambda: deployment_state(store, dep) in ("failed", "active"), timeout=60)
+        state = deployment_state(store, dep)
+        with store.session() as s:
+            reason = st.repo.get_deployment(s, dep).reason
+        if state == "failed":
+            assert "verification failed" in reason
+            assert served.slot.module is served.base
+        else:  # bf16 may agree on every argmax; then it must have really been verified
+            assert "fidelity 1.0000" in reason or "canary passed" in reason
+    finally:
+        served.close()
+
+
+def test_an_unreachable_store_never_fails_requests(mlp_spec: dict, tmp_path: Any) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    settings = Settings(store_url=f"sqlite:///{blocker}/pgc.db", window_s=0.1, poll_s=0.1)
+    served = attach(mlp_spec["model"], name="mlp", spec=SPEC, settings=settings)
+    try:
+        for x in _inputs(mlp_spec) * 5:
+            served(x)
+        assert served.calls == len(_inputs(mlp_spec)) * 5 and served.model_id is None
+    finally:
+        served.close()
+
+
+def test_restarted_agent_restores_the_variant_that_served(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
+    served = _attach(mlp_spec, settings)
+    try:
+        for x in _inputs(mlp_spec):
+            served(x)
+        dep = deploy(store, "mlp", INT8)
+        wait_for(lambda: deployment_state(store, dep) == "active", timeout=60)
+    finally:
+        served.close()
+    again = _attach(mlp_spec, settings)
+    try:
+        for x in _inputs(mlp_spec):
+            again(x)
+
+        def restored() -> bool:
+            with store.session() as s:
+                return st.repo.active_deployment(s, again.model_id).source == "restore"
+
+        wait_for(restored, timeout=60, what="restore")
+        assert again.slot.label == INT8.label() and not again.slot.canary
+    finally:
+        again.close()

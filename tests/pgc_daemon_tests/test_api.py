@@ -1,0 +1,154 @@
+"""The REST API over a real SQLite store (contents written through the store's own
+functions), through FastAPI's test client."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+import store as st
+from compiler import Backend, Quantization, Recipe
+from pgc_daemon.api import create_app
+from pgc_daemon.settings import Settings
+
+INT8 = Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}), backend=Backend("inductor"))
+
+
+@pytest.fixture
+def populated(store: st.Store) -> st.Store:
+    now = time.time()
+    with store.session() as s:
+        m = st.repo.upsert_model(s, "mini", spec="pkg:build", graph_hash="g" * 64, metric="cosine")
+        base = st.repo.get_or_create_variant(s, m.id, Recipe().hash, Recipe().to_dict(), Recipe().label())
+        fast = st.repo.get_or_create_variant(s, m.id, INT8.hash, INT8.to_dict(), INT8.label())
+        st.repo.put_policy(s, m.id, {"max_accuracy_drop": 0.01})
+        d0 = st.repo.create_deployment(s, m.id, base.id, source="attach", reason="attached")
+        st.repo.transition(s, d0.id, "active", "base")
+        st.repo.add_request_stats(s, [dict(
+            model_id=m.id, variant_id=base.id, window_start=now - 100, window_end=now - 90,
+            shape_bucket="b1 s128", count=100, mean_ms=20, p50_ms=20, p95_ms=25, p99_ms=30,
+            sampled=5, overhead=0.002)])
+        st.repo.add_layer_stats(s, [dict(
+            model_id=m.id, variant_id=base.id, window_start=now - 100, window_end=now - 90,
+            layer=f"l{i}", op_type="Linear", shape_bucket="b1 s128", count=5, mean_ms=m_,
+            p50_ms=m_, p95_ms=m_, p99_ms=m_, share=0) for i, m_ in enumerate([4.0, 1.0])])
+        run = st.repo.create_search_run(s, m.id, study_name="s", policy_version=1, trigger="t", trials_budget=2)
+        for n, (v, sp, drop) in enumerate([(base.id, 1.2, 0.0), (fast.id, 2.5, 0.004)]):
+            st.repo.add_trial(s, run_id=run.id, model_id=m.id, variant_id=v, number=n, state="complete",
+                              speedup=sp, latency_ms=20 / sp, baseline_ms=20, fidelity=1 - drop,
+                              accuracy_drop=drop, feasible=True, params={}, duration_s=3.0)
+        st.repo.update_search_run(s, run.id, state="done", trials_done=2, chosen_variant_id=fast.id)
+        d1 = st.repo.create_deployment(s, m.id, fast.id, source="search", reason="found",
+                                       expected_speedup=2.5, expected_fidelity=0.996)
+        for state in ("building", "warming", "verifying", "canary"):
+            st.repo.transition(s, d1.id, state, state)
+        st.repo.transition(s, d0.id, "superseded", "replaced")
+        st.repo.transition(s, d1.id, "active", "ok", previous_variant_id=base.id)
+        st.repo.add_request_stats(s, [dict(
+            model_id=m.id, variant_id=fast.id, window_start=time.time() + 1, window_end=time.time() + 11,
+            shape_bucket="b1 s128", count=50, mean_ms=8, p50_ms=8, p95_ms=9, p99_ms=10,
+            sampled=0, overhead=0.0)])
+    return store
+
+
+def client(store: st.Store, token: str | None = None) -> TestClient:
+    settings = Settings(store_url=store.url, api_token=token)
+    return TestClient(create_app(settings, store=store))
+
+
+def test_health_and_models(populated: st.Store) -> None:
+    c = client(populated)
+    assert c.get("/healthz").json()["status"] == "ok"
+    models = c.get("/api/models").json()
+    assert [m["name"] for m in models] == ["mini"]
+    m = c.get("/api/models/mini").json()
+    assert m["active"]["label"] == INT8.label() and m["active"]["expected_speedup"] == 2.5
+    assert m["latency"]["baseline"]["p50_ms"] == 20 and m["latency"]["current"]["p50_ms"] == 8
+    assert m["latency"]["speedup"] == pytest.approx(2.5)
+    assert m["search"]["state"] == "done" and m["search"]["trials_done"] == 2
+
+
+def test_unknown_model_is_404_with_a_message(populated: st.Store) -> None:
+    c = client(populated)
+    for path in ("/api/models/nope", "/api/models/nope/policy", "/api/models/nope/profile",
+                 "/api/models/nope/front", "/api/models/nope/deployments", "/api/models/nope/trials"):
+        r = c.get(path)
+        assert r.status_code == 404, path
+        assert "nope" in r.json()["detail"]
+
+
+def test_policy_get_put_and_readable_422(populated: st.Store) -> None:
+    c = client(populated)
+    p = c.get("/api/models/mini/policy").json()
+    assert p["max_accuracy_drop"] == 0.01 and p["version"] == 1
+    r = c.put("/api/models/mini/policy", json={"max_accuracy_drop": 0.02, "latency_target_ms": 10})
+    assert r.status_code == 200 and r.json()["version"] == 2
+    assert c.get("/api/models/mini/policy").json()["latency_target_ms"] == 10
+    bad = c.put("/api/models/mini/policy", json={"max_accuracy_drop": "lots"})
+    assert bad.status_code == 422
+    assert bad.json()["detail"].startswith("max_accuracy_drop:")
+    assert c.put("/api/models/mini/policy", json={"nope": 1}).status_code == 422
+    assert c.put("/api/models/mini/policy", content=b"{not json").status_code == 422
+    assert c.get("/api/models/mini/policy").json()["version"] == 2  # bad bodies changed nothing
+
+
+def test_profile_front_and_deployments(populated: st.Store) -> None:
+    c = client(populated)
+    prof = c.get("/api/models/mini/profile").json()
+    assert [l["layer"] for l in prof["layers"]] == ["l0", "l1"]
+    assert prof["layers"][0]["share"] == pytest.approx(0.8)
+    front = c.get("/api/models/mini/front").json()
+    assert len(front["points"]) == 2 and front["feasible"] == 2
+    deployed = [p for p in front["points"] if p["deployed"]]
+    assert len(deployed) == 1 and deployed[0]["label"] == INT8.label()
+    assert all(p["pareto"] for p in front["points"])  # faster vs more accurate
+    deps = c.get("/api/models/mini/deployments").json()
+    assert deps[0]["state"] == "active" and deps[0]["transitions"][-1]["to_state"] == "active"
+    assert deps[1]["state"] == "superseded"
+
+
+def test_mutations_need_the_token_when_one_is_set(populated: st.Store) -> None:
+    c = client(populated, token="s3cret")
+    assert c.put("/api/models/mini/policy", json={}).status_code == 401
+    assert c.put("/api/models/mini/policy", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    ok = c.put("/api/models/mini/policy", json={}, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+    assert c.get("/api/models/mini").status_code == 200  # reads stay open
+
+
+def test_deploy_and_rollback_create_candidates_and_conflict_while_busy(populated: st.Store) -> None:
+    c = client(populated)
+    r = c.post("/api/models/mini/rollback", json={"reason": "testing"})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["state"] == "candidate" and body["source"] == "rollback" and body["label"] == "fp32 · eager"
+    again = c.post("/api/models/mini/deployments", json={"recipe": Recipe().to_dict()})
+    assert again.status_code == 409 and "still candidate" in again.json()["detail"]
+
+
+def test_deploy_validates_its_body(populated: st.Store) -> None:
+    c = client(populated)
+    assert c.post("/api/models/mini/deployments", json={}).status_code == 422
+    bad = c.post("/api/models/mini/deployments", json={"recipe": {"backend": {"kind": "tvm"}}})
+    assert bad.status_code == 422 and "backend" in bad.json()["detail"]
+    assert c.post("/api/models/mini/deployments", json={"variant_id": 9999}).status_code == 404
+
+
+def test_optimize_without_an_optimizer_loop_is_503(populated: st.Store) -> None:
+    assert client(populated).post("/api/models/mini/optimize").status_code == 503
+
+
+def test_metrics_are_prometheus_text(populated: st.Store) -> None:
+    text = client(populated).get("/metrics").text
+    assert 'pgc_request_latency_ms' in text or 'pgc_requests_total{model="mini"' in text
+    assert 'pgc_deployments_total{model="mini",state="active"} 1.0' in text
+    assert 'pgc_trials_total{model="mini",state="complete"} 2.0' in text
+
+
+def test_openapi_documents_the_error_bodies(populated: st.Store) -> None:
+    doc: dict[str, Any] = client(populated).get("/openapi.json").json()
+    put = doc["paths"]["/api/models/{name}/policy"]["put"]["responses"]
+    assert {"200", "401", "404", "422"} <= set(put)

@@ -1,0 +1,158 @@
+"""Policy, model specs, the input reservoir, the interleaved timer and the search space."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from compiler import Hardware
+from pgc_daemon.errors import PolicyError, SpecError
+from pgc_daemon.modelspec import as_examples, load_spec
+from pgc_daemon.policy import Policy
+from pgc_daemon.reservoir import InputReservoir
+from pgc_daemon.search.measure import interleaved
+from pgc_daemon.search.space import build_space, hot_layers
+
+# ---------------------------------------------------------------- policy
+
+
+def test_policy_defaults_and_min_fidelity() -> None:
+    p = Policy()
+    assert p.max_accuracy_drop == 0.01 and p.min_fidelity == pytest.approx(0.99)
+
+
+@pytest.mark.parametrize(
+    "data,where",
+    [
+        ({"max_accuracy_drop": 2}, "max_accuracy_drop"),
+        ({"latency_percentile": "p42"}, "latency_percentile"),
+        ({"objective": "most_accurate"}, "policy"),
+        ({"max_trials": 0}, "max_trials"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_invalid_policies_give_one_readable_line(data: dict, where: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        Policy.parse(data)
+    assert where in str(info.value) and "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------- model specs
+
+
+def test_load_spec_from_the_shipped_digits_factory() -> None:
+    spec = load_spec("pgc_daemon.examples.digits:mlp")
+    assert isinstance(spec.model, nn.Module) and not spec.model.training
+    assert spec.accuracy is not None and spec.labels is not None
+    assert len(spec.labels) == len(spec.examples)
+    args, kwargs = spec.examples[0]
+    assert torch.is_tensor(args[0]) and kwargs == {}
+
+
+@pytest.mark.parametrize(
+    "path,msg",
+    [
+        ("no_colon_here", "package.module:function"),
+        ("no.such.module:build", "cannot import"),
+        ("pgc_daemon.examples.digits:nothing", "no function"),
+        ("pgc_daemon.examples.digits:data", "must return"),
+    ],
+)
+def test_bad_specs_are_spec_errors(path: str, msg: str) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert msg in str(info.value)
+
+
+def test_example_forms() -> None:
+    t = torch.ones(2)
+    assert as_examples(t) == [((t,), {})]
+    assert as_examples((t, t))[0][0] == (t, t)
+    assert as_examples([{"x": t}])[0] == ((), {"x": t})
+    with pytest.raises(SpecError):
+        as_examples([])
+    with pytest.raises(SpecError):
+        as_examples(["text"])
+
+
+# ---------------------------------------------------------------- reservoir
+
+
+def test_reservoir_is_bounded_copies_inputs_and_round_trips() -> None:
+    r = InputReservoir(capacity=8, seed=1)
+    x = torch.zeros(1, 4)
+    for i in range(1000):
+        x.fill_(i)
+        r.offer((x,), {"mask": torch.ones(1, 4)})
+    assert len(r) == 8 and r.seen == 1000
+    values = sorted(int(a[0][0, 0]) for a, _ in r.snapshot())
+    assert len(set(values)) == 8  # copies, not 8 views of the reused tensor
+    assert max(values) > 100  # later traffic got in
+    again = InputReservoir.deserialize(r.serialize())
+    assert [int(a[0][0, 0]) for a, _ in again] == [int(a[0][0, 0]) for a, _ in r.snapshot()]
+    assert torch.equal(again[0][1]["mask"], torch.ones(1, 4))
+
+
+def test_reservoir_keeps_following_traffic_that_drifts() -> None:
+    r = InputReservoir(capacity=10, stale_factor=10, seed=0)
+    for i in range(20_000):
+        r.offer((torch.tensor([0 if i < 10_000 else 1]),), {})
+    late = sum(int(a[0]) for a, _ in r.snapshot())
+    assert late >= 8  # the second half replaced almost everything
+
+
+# ---------------------------------------------------------------- interleaved timing
+
+
+def test_interleaved_timing_finds_a_two_times_slower_candidate() -> None:
+    def base(_x: object) -> None:
+        time.sleep(0.002)
+
+    def slow(_x: object) -> None:
+        time.sleep(0.004)
+
+    t = interleaved(base, slow, [((None,), {})], min_rounds=4, max_rounds=12)
+    assert 1.5 < t.ratio < 2.6
+    assert t.ratio_low <= t.ratio <= t.ratio_high
+    assert t.speedup == pytest.approx(1 / t.ratio)
+    assert t.baseline_ms["p50"] < t.candidate_ms["p50"]
+
+
+def test_interleaved_needs_inputs() -> None:
+    with pytest.raises(ValueError):
+        interleaved(print, print, [])
+
+
+# ---------------------------------------------------------------- space
+
+
+def test_hot_layers_come_from_the_profile(mlp_spec: dict) -> None:
+    model = mlp_spec["model"]
+    profile = [
+        {"layer": "net.3", "share": 0.6},
+        {"layer": "net.1", "share": 0.3},
+        {"layer": "net.5", "share": 0.05},
+        {"layer": "net.2", "share": 0.05},  # a ReLU: not quantizable
+    ]
+    assert hot_layers(model, profile, coverage=0.8) == ["net.3", "net.1"]
+    assert hot_layers(model, profile, coverage=0.8, max_hot=1) == ["net.3"]
+    assert hot_layers(model, [], coverage=0.8) == []
+
+
+def test_space_turns_params_into_recipes(mlp_spec: dict) -> None:
+    hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
+    space = build_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], hw)
+    assert space.hot_layers == ("net.3",)
+    assert "bf16" not in space.layer_choices  # no bf16 units on this "machine"
+    recipe = space.recipe(space.params("int8-dynamic-pc", "inductor", **{"net.3": "fp32"}))
+    assert recipe.quantization.choice_for("net.3")[0].precision == "fp32"
+    assert recipe.quantization.choice_for("net.1")[0].label() == "int8-dynamic-pc"
+    assert recipe.backend.kind == "inductor"
+    base = space.baselines()
+    assert base[0] == space.params("fp32", "inductor")
+    assert space.size == len(list(space.grid()))
+    fp32 = space.recipe(space.params("fp32", "eager"))
+    assert fp32.is_identity
