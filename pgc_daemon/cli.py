@@ -4,13 +4,12 @@ stderr and an exit code (1: the work failed, 2: bad usage or input, 130: interru
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-from pgc_daemon.commands import COMMANDS
+from pgc_daemon.commands import discover
 from pgc_daemon.commands._base import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from pgc_daemon.errors import KNOWN_ERRORS, describe
 
@@ -21,8 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what pgc does")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"pgc_daemon.commands.{name}").register(sub)
+    for command in discover():
+        command.register(sub)
     return parser
 
 

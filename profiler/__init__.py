@@ -5,10 +5,11 @@ from profiler._errors import ProfilerError
 from profiler._exporter import Exporter
 from profiler._hooks import LayerTimer
 from profiler._profiler import Profiler, ProfilerConfig
-from profiler._window import Window, WindowAggregator
+from profiler._window import LATENCY_BUCKETS_MS, Window, WindowAggregator
 from profiler.shapes import parse_key, seq_bucket, shape_key
 
 __all__ = [
+    "LATENCY_BUCKETS_MS",
     "Exporter",
     "LayerTimer",
     "Profiler",

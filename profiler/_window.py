@@ -7,6 +7,7 @@ quantiles come from the sample when the window closes.
 
 from __future__ import annotations
 
+import bisect
 import random
 import threading
 import time
@@ -16,20 +17,28 @@ from typing import Any
 import numpy as np
 
 RESERVOIR = 512
+#: Upper bounds (ms) of the request-latency histogram buckets; a last bucket holds the rest.
+#: Fixed, so windows from every process and every day add up (Prometheus histograms).
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000,
+)
 
 
 class _Series:
-    __slots__ = ("count", "total", "sample", "_rng")
+    __slots__ = ("count", "total", "sample", "_rng", "buckets")
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, histogram: bool = False) -> None:
         self.count = 0
         self.total = 0.0
         self.sample: list[float] = []
         self._rng = rng
+        self.buckets = [0] * (len(LATENCY_BUCKETS_MS) + 1) if histogram else None
 
     def add(self, value: float) -> None:
         self.count += 1
         self.total += value
+        if self.buckets is not None:
+            self.buckets[bisect.bisect_left(LATENCY_BUCKETS_MS, value)] += 1
         if len(self.sample) < RESERVOIR:
             self.sample.append(value)
         else:
@@ -93,7 +102,7 @@ class WindowAggregator:
         with self._lock:
             series = self._calls.get(key)
             if series is None:
-                series = self._calls[key] = _Series(self._rng)
+                series = self._calls[key] = _Series(self._rng, histogram=True)
             series.add(elapsed_ms)
             if error:
                 self._errors[key] = self._errors.get(key, 0) + 1
@@ -153,6 +162,7 @@ class WindowAggregator:
                 fallbacks=fallbacks.get((variant, bucket), 0),
                 sampled=sampled[(variant, bucket)].count if (variant, bucket) in sampled else 0,
                 overhead=overhead.get((variant, bucket), 0) / busy_ns if busy_ns else 0.0,
+                histogram=list(series.buckets or ()),
             )
             win.requests.append(row)
         for (variant, bucket, name, op_type), series in layers.items():

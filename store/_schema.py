@@ -115,6 +115,8 @@ class RequestStat(Base):
     sampled: Mapped[int] = mapped_column(Integer, default=0)
     overhead: Mapped[float] = mapped_column(Float, default=0.0)
     dropped: Mapped[int] = mapped_column(Integer, default=0)
+    histogram: Mapped[list | None] = mapped_column(JSON)
+    """Request counts per latency bucket (bounds in ``profiler.LATENCY_BUCKETS_MS``)."""
 
 
 class HostStat(Base):

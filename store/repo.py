@@ -276,6 +276,26 @@ def request_summary(
     }
 
 
+def request_histogram(
+    s: Session, model_id: int, *, variant_id: int | None = None, since: float = 0.0
+) -> tuple[list[int], float, int]:
+    """(counts per latency bucket, sum of latencies in ms, count) over windows since
+    ``since``; bucket bounds are the profiler's fixed ``LATENCY_BUCKETS_MS``."""
+    counts: list[int] = []
+    total_ms = 0.0
+    n = 0
+    for w in request_windows(s, model_id, since=since, variant_id=variant_id):
+        if not w.histogram:
+            continue
+        if len(counts) < len(w.histogram):
+            counts.extend([0] * (len(w.histogram) - len(counts)))
+        for i, c in enumerate(w.histogram):
+            counts[i] += int(c)
+        total_ms += w.mean_ms * w.count
+        n += w.count
+    return counts, total_ms, n
+
+
 def host_stats(s: Session, model_id: int, *, since: float = 0.0) -> Sequence[HostStat]:
     q = select(HostStat).where(HostStat.model_id == model_id, HostStat.at >= since)
     return s.scalars(q.order_by(HostStat.at)).all()

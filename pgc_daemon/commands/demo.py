@@ -6,6 +6,8 @@ import argparse
 
 from pgc_daemon.commands._base import EXIT_FAILED, UsageError, add_store_option, settings_from
 
+ORDER = 10
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the whole loop on all-MiniLM-L6-v2 with live traffic")

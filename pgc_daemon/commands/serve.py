@@ -7,6 +7,8 @@ import sys
 
 from pgc_daemon.commands._base import EXIT_FAILED, add_store_option, settings_from
 
+ORDER = 20
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run the API, metrics, dashboard and optimizer loop")

@@ -84,3 +84,28 @@ def test_store_file_is_plain_sqlite(store: st.Store) -> None:
     conn = sqlite3.connect(store.sqlite_path)
     assert conn.execute("select name from pgc_models").fetchall() == [("m",)]
     conn.close()
+
+
+def test_an_old_store_upgrades_with_its_data(tmp_path: Path) -> None:
+    """A store written at the first revision opens under today's code with its rows intact."""
+    from alembic import command
+    from alembic.config import Config
+
+    from store._engine import _MIGRATIONS
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = st.Store(url, migrate=False)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    with old.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.exec_driver_sql(
+            "INSERT INTO pgc_models (name, created_at, last_seen_at) VALUES ('legacy', 1, 1)"
+        )
+    old.close()
+    new = st.open_store(url)
+    with new.session() as s:
+        assert st.repo.get_model(s, "legacy").created_at == 1
+    assert current_revision(new.engine) != "0001"
+    new.close()
