@@ -148,11 +148,16 @@ class Swapper:
             self._transition(dep_id, "building", f"building {variant.label}")
             built = self._build(variant.recipe)
             self._transition(
-                dep_id, "warming", f"built in {built.report.build_s:.1f}s; warming up"
+                dep_id,
+                "warming",
+                f"built in {built.report.build_s:.1f}s; warming up",
+                build_s=built.report.build_s,
             )
             examples = self._warm_examples()
             warm_s = warm(built, examples)
-            self._transition(dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity")
+            self._transition(
+                dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
+            )
             verified = self._verify(built, policy.min_fidelity)
             slot = self._slot_for(built, variant.id, variant.label, dep_id)
         except DeployFailed as exc:

@@ -220,6 +220,8 @@ class Deployment(Base):
     live_speedup: Mapped[float | None] = mapped_column(Float)
     live_fidelity: Mapped[float | None] = mapped_column(Float)
     swap_ms: Mapped[float | None] = mapped_column(Float)
+    build_s: Mapped[float | None] = mapped_column(Float)
+    warm_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
