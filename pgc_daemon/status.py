@@ -159,3 +159,109 @@ def suggestion(row: dict[str, Any]) -> str | None:
     if op in ("Linear", "Conv1d", "Conv2d", "Conv3d") and share >= 0.02:
         return "int8 candidate"
     return None
+
+
+# --------------------------------------------------------------------------- read-only views
+# (appended for the dashboard and /metrics; the functions above are unchanged)
+
+#: Marker kinds of :func:`timeline_summary`, by the state a transition reached.
+_MARKERS = {"active": "deployed", "rolled_back": "rolled_back", "failed": "failed"}
+
+
+def timeline_summary(
+    s: Session, model: st.Model, *, since: float = 0.0, until: float | None = None, points: int = 300
+) -> dict[str, Any]:
+    """Live request latency over time, one series per variant, with deployment markers.
+
+    Windows are merged into at most ``points`` steps per variant; a step's percentiles are
+    the count-weighted mean of its windows' percentiles (as :func:`store.repo.request_summary`
+    does). Markers: a variant became active (``deployed``, or ``rollback`` when a rollback
+    did it), a variant was reverted (``rolled_back``), a deployment ``failed``.
+    """
+    until = time.time() if until is None else until
+    windows = [w for w in st.repo.request_windows(s, model.id, since=since) if w.window_end <= until]
+    start = max(since, min((w.window_start for w in windows), default=since))
+    step = max((until - start) / max(points, 1), 1e-3)
+    variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
+    groups: dict[tuple[int | None, int], list[st.RequestStat]] = {}
+    for w in windows:
+        idx = min(int((w.window_end - start) // step), points - 1)
+        groups.setdefault((w.variant_id, idx), []).append(w)
+    series: dict[int | None, dict[str, Any]] = {}
+    for (vid, _idx), ws in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])):
+        n = sum(w.count for w in ws)
+        if n == 0:
+            continue
+        v = variants.get(vid) if vid is not None else None
+        entry = series.setdefault(
+            vid,
+            {
+                "variant_id": vid,
+                "label": v.label if v else "unregistered",
+                "is_baseline": v is not None and v.recipe_hash == BASELINE_HASH,
+                "points": [],
+            },
+        )
+        entry["points"].append(
+            {
+                "t": max(w.window_end for w in ws),
+                "count": n,
+                "errors": sum(w.errors for w in ws),
+                **{
+                    k: sum(getattr(w, k) * w.count for w in ws) / n
+                    for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")
+                },
+            }
+        )
+    markers = []
+    for d in st.repo.list_deployments(s, model.id, limit=1000):
+        v = variants.get(d.variant_id) if d.variant_id is not None else None
+        for t in d.transitions:
+            kind = _MARKERS.get(t.to_state)
+            if kind is None or not since <= t.at <= until:
+                continue
+            if kind == "deployed" and d.source == "rollback":
+                kind = "rollback"
+            markers.append(
+                {
+                    "at": t.at,
+                    "kind": kind,
+                    "deployment_id": d.id,
+                    "variant_id": d.variant_id,
+                    "label": v.label if v else None,
+                    "source": d.source,
+                    "reason": t.reason,
+                }
+            )
+    markers.sort(key=lambda m: m["at"])
+    busy = [
+        {"start": max(a, start), "end": min(b, until)}
+        for a, b in busy_intervals(s, model.id)
+        if b >= start and a <= until
+    ]
+    row = st.repo.get_policy(s, model.id)
+    policy = Policy.parse(row.settings if row else {})
+    return {
+        "model": model.name,
+        "since": start,
+        "until": until,
+        "step_s": step,
+        "latency_target_ms": policy.latency_target_ms,
+        "latency_percentile": policy.latency_percentile,
+        "series": sorted(series.values(), key=lambda e: (not e["is_baseline"], e["variant_id"] or 0)),
+        "markers": markers,
+        "busy": sorted(busy, key=lambda b: b["start"]),
+    }
+
+
+def deployment_outcomes(deployment: st.Deployment) -> set[str]:
+    """What a deployment came to, for counting: ``deployed`` once it was ever active, and
+    ``rolled_back`` or ``failed`` when it ended so. These only ever get added to, so counts
+    of them are proper Prometheus counters."""
+    out = set()
+    for t in deployment.transitions:
+        if t.to_state == "active":
+            out.add("deployed")
+        elif t.to_state in ("rolled_back", "failed"):
+            out.add(t.to_state)
+    return out

@@ -5,18 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from importlib import resources
-from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse, RedirectResponse
+from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import store as st
-from pgc_daemon.api import errors, routes_deployments, routes_models, routes_search
-from pgc_daemon.api.deps import DaemonDep, StoreDep
+from pgc_daemon.api import errors, routes_deployments, routes_health, routes_models, routes_search
 from pgc_daemon.api.metrics import make_registry
-from pgc_daemon.api.schemas import Health
 from pgc_daemon.daemon import Daemon
 from pgc_daemon.settings import Settings
 
@@ -57,27 +53,10 @@ def create_app(
     app.state.daemon = daemon
     app.state.registry = make_registry(store)
     errors.install(app)
+    app.include_router(routes_health.router)
     app.include_router(routes_models.router)
     app.include_router(routes_search.router)
     app.include_router(routes_deployments.router)
-
-    @app.get("/healthz", response_model=Health, tags=["health"])
-    def healthz(store: StoreDep, daemon: DaemonDep) -> dict[str, Any]:
-        with store.session() as s:
-            n = len(st.repo.list_models(s))
-        info: dict[str, Any] = {"running": daemon is not None}
-        if daemon is not None:
-            info.update(ticks=daemon.ticks, workers=len(daemon.workers), last_error=daemon.last_error)
-        return {"status": "ok", "store": store.safe_url, "models": n, "daemon": info}
-
-    @app.get(
-        "/metrics",
-        response_class=PlainTextResponse,
-        tags=["health"],
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}},
-    )
-    def metrics() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
     static = resources.files("dashboards").joinpath("static")
     if static.is_dir() and static.joinpath("index.html").is_file():

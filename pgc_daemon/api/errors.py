@@ -13,14 +13,25 @@ from compiler import CompilerError
 from pgc_daemon.api.schemas import ErrorBody, ValidationErrorBody
 from pgc_daemon.errors import PgcError, SearchError
 
-RESPONSES_404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such model"}}
-RESPONSES_MUTATING: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "missing or wrong bearer token"},
-    422: {"model": ValidationErrorBody, "description": "invalid body or parameters"},
+Responses = dict[int | str, dict[str, Any]]
+
+RESPONSES_422: Responses = {
+    422: {"model": ValidationErrorBody, "description": "invalid body or parameters"}
 }
-RESPONSES_409: dict[int | str, dict[str, Any]] = {
-    409: {"model": ErrorBody, "description": "conflicts with work in progress"}
+RESPONSES_404: Responses = {
+    404: {"model": ErrorBody, "description": "no such model (or variant)"},
+    **RESPONSES_422,
 }
+RESPONSES_MUTATING: Responses = {
+    401: {
+        "model": ErrorBody,
+        "description": "missing or wrong bearer token (only when PGC_API_TOKEN is set)",
+        "headers": {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    },
+    **RESPONSES_422,
+}
+RESPONSES_409: Responses = {409: {"model": ErrorBody, "description": "conflicts with work in progress"}}
+RESPONSES_503: Responses = {503: {"model": ErrorBody, "description": "the store is unavailable"}}
 
 
 def _json(code: int, detail: str, **extra: Any) -> JSONResponse:

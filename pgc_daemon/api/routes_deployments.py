@@ -9,12 +9,12 @@ from fastapi import APIRouter, HTTPException, status
 import store as st
 from compiler import Recipe
 from pgc_daemon.api.deps import StoreDep, TokenDep
-from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_MUTATING
+from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
 from pgc_daemon.api.schemas import DeploymentPublic, DeployRequest, RollbackRequest
 from pgc_daemon.status import baseline_variant
 
-router = APIRouter(prefix="/api/models", tags=["deployments"])
+router = APIRouter(prefix="/api/models", tags=["deployments"], responses=RESPONSES_503)
 
 
 def deployment_public(d: st.Deployment, variants: dict[int, st.Variant]) -> dict[str, Any]:
@@ -32,6 +32,8 @@ def deployment_public(d: st.Deployment, variants: dict[int, st.Variant]) -> dict
         "live_speedup": d.live_speedup,
         "live_fidelity": d.live_fidelity,
         "swap_ms": d.swap_ms,
+        "build_s": d.build_s,
+        "warm_s": d.warm_s,
         "created_at": d.created_at,
         "updated_at": d.updated_at,
         "transitions": [
@@ -41,7 +43,12 @@ def deployment_public(d: st.Deployment, variants: dict[int, st.Variant]) -> dict
     }
 
 
-@router.get("/{name}/deployments", response_model=list[DeploymentPublic], responses=RESPONSES_404)
+@router.get(
+    "/{name}/deployments",
+    response_model=list[DeploymentPublic],
+    responses=RESPONSES_404,
+    summary="Deployment history, newest first, with every transition and its reason",
+)
 def list_deployments(name: str, store: StoreDep) -> list[dict[str, Any]]:
     with store.session() as s:
         model = model_or_404(s, name)
@@ -75,12 +82,10 @@ def _create(s: Any, model: st.Model, variant_id: int, source: str, reason: str) 
     summary="Deploy a variant (by id or recipe); the agent builds, verifies and canaries it",
 )
 def deploy(name: str, body: DeployRequest, store: StoreDep) -> dict[str, Any]:
-    if (body.variant_id is None) == (body.recipe is None):
-        raise HTTPException(422, "give exactly one of variant_id and recipe")
     with store.session() as s:
         model = model_or_404(s, name)
         if body.recipe is not None:
-            recipe = Recipe.from_dict(body.recipe)  # RecipeError -> 422
+            recipe = Recipe.from_dict(body.recipe.model_dump())  # RecipeError -> 422
             variant = st.repo.get_or_create_variant(
                 s, model.id, recipe.hash, recipe.to_dict(), recipe.label()
             )

@@ -1,19 +1,31 @@
-"""Models, their policies, profiles and events."""
+"""Models: their summaries, policies, live profiles, latency timelines and events."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 import store as st
 from pgc_daemon.api.deps import StoreDep, TokenDep
-from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_MUTATING
-from pgc_daemon.api.schemas import EventPublic, ModelPublic, PolicyPublic, PolicyUpdate, ProfilePublic
+from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_503, RESPONSES_MUTATING
+from pgc_daemon.api.schemas import (
+    EventPublic,
+    ModelPublic,
+    PolicyPublic,
+    PolicyUpdate,
+    ProfilePublic,
+    TimelinePublic,
+)
 from pgc_daemon.policy import Policy
-from pgc_daemon.status import model_summary, profile_summary
+from pgc_daemon.status import model_summary, profile_summary, timeline_summary
 
-router = APIRouter(prefix="/api/models", tags=["models"])
+router = APIRouter(prefix="/api/models", tags=["models"], responses=RESPONSES_503)
+
+Since = Annotated[
+    float, Query(ge=0, allow_inf_nan=False, description="UTC seconds since the epoch; default: all")
+]
 
 
 def model_or_404(s: object, name: str) -> st.Model:
@@ -21,18 +33,25 @@ def model_or_404(s: object, name: str) -> st.Model:
 
 
 @router.get("", response_model=list[ModelPublic], summary="Every model an agent registered")
-def list_models(store: StoreDep) -> list[dict]:
+def list_models(store: StoreDep) -> list[dict[str, Any]]:
     with store.session() as s:
         return [model_summary(s, m) for m in st.repo.list_models(s)]
 
 
-@router.get("/{name}", response_model=ModelPublic, responses=RESPONSES_404, summary="One model")
-def get_model(name: str, store: StoreDep) -> dict:
+@router.get(
+    "/{name}",
+    response_model=ModelPublic,
+    responses=RESPONSES_404,
+    summary="One model: active variant, live latency, policy and search progress",
+)
+def get_model(name: str, store: StoreDep) -> dict[str, Any]:
     with store.session() as s:
         return model_summary(s, model_or_404(s, name))
 
 
-def _policy_public(row: st.Policy) -> PolicyPublic:
+def _policy_public(row: st.Policy | None, model: st.Model) -> PolicyPublic:
+    if row is None:  # an agent always stores one; version 0 means "the defaults, never set"
+        return PolicyPublic(**Policy().model_dump(), version=0, updated_at=model.created_at)
     return PolicyPublic(**Policy.parse(row.settings).model_dump(), version=row.version, updated_at=row.updated_at)
 
 
@@ -40,10 +59,7 @@ def _policy_public(row: st.Policy) -> PolicyPublic:
 def get_policy(name: str, store: StoreDep) -> PolicyPublic:
     with store.session() as s:
         model = model_or_404(s, name)
-        row = st.repo.get_policy(s, model.id)
-        if row is None:
-            row = st.repo.put_policy(s, model.id, Policy().model_dump())
-        return _policy_public(row)
+        return _policy_public(st.repo.get_policy(s, model.id), model)
 
 
 @router.put(
@@ -56,9 +72,12 @@ def get_policy(name: str, store: StoreDep) -> PolicyPublic:
 def put_policy(name: str, body: PolicyUpdate, store: StoreDep) -> PolicyPublic:
     with store.session() as s:
         model = model_or_404(s, name)
+        before = st.repo.get_policy(s, model.id)
+        old_version = before.version if before else 0
         row = st.repo.put_policy(s, model.id, Policy(**body.model_dump()).model_dump())
-        st.repo.add_event(s, model.id, "policy", f"policy is now version {row.version}")
-        return _policy_public(row)
+        if row.version != old_version:
+            st.repo.add_event(s, model.id, "policy", f"policy is now version {row.version}")
+        return _policy_public(row, model)
 
 
 @router.get(
@@ -66,15 +85,34 @@ def put_policy(name: str, body: PolicyUpdate, store: StoreDep) -> PolicyPublic:
     response_model=ProfilePublic,
     responses=RESPONSES_404,
     summary="Per-layer live latency, hottest first, with suggestions",
+    description="Per-layer numbers exist for eager variants only: a compiled (Inductor) "
+    "variant fuses its layers into kernels that hooks cannot time, so its profile is empty "
+    "and its live latency is end to end (see `timeline`).",
 )
 def get_profile(
     name: str,
     store: StoreDep,
     variant_id: Annotated[int | None, Query(ge=1, description="default: the fp32 base")] = None,
-    since: Annotated[float, Query(ge=0, description="UTC seconds; default: all")] = 0.0,
-) -> dict:
+    since: Since = 0.0,
+) -> dict[str, Any]:
     with store.session() as s:
         return profile_summary(s, model_or_404(s, name), variant_id=variant_id, since=since)
+
+
+@router.get(
+    "/{name}/timeline",
+    response_model=TimelinePublic,
+    responses=RESPONSES_404,
+    summary="Live request latency over time per variant, with deployment and rollback markers",
+)
+def get_timeline(
+    name: str,
+    store: StoreDep,
+    since: Since = 0.0,
+    points: Annotated[int, Query(ge=1, le=2000, description="steps per variant at most")] = 300,
+) -> dict[str, Any]:
+    with store.session() as s:
+        return timeline_summary(s, model_or_404(s, name), since=since, until=time.time(), points=points)
 
 
 @router.get("/{name}/events", response_model=list[EventPublic], responses=RESPONSES_404)

@@ -8,13 +8,13 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 import store as st
 from pgc_daemon.api.deps import DaemonDep, StoreDep, TokenDep
-from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_MUTATING
+from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
-from pgc_daemon.api.schemas import FrontPublic, OptimizeRequest, SearchPublic, TrialPublic
+from pgc_daemon.api.schemas import ErrorBody, FrontPublic, OptimizeRequest, SearchPublic, TrialPublic
 from pgc_daemon.policy import Policy
 from pgc_daemon.status import search_summary
 
-router = APIRouter(prefix="/api/models", tags=["search"])
+router = APIRouter(prefix="/api/models", tags=["search"], responses=RESPONSES_503)
 
 
 def trial_public(t: st.Trial, variants: dict[int, st.Variant]) -> dict[str, Any]:
@@ -40,7 +40,12 @@ def trial_public(t: st.Trial, variants: dict[int, st.Variant]) -> dict[str, Any]
     }
 
 
-@router.get("/{name}/trials", response_model=list[TrialPublic], responses=RESPONSES_404)
+@router.get(
+    "/{name}/trials",
+    response_model=list[TrialPublic],
+    responses=RESPONSES_404,
+    summary="Every trial of every search of this model, oldest first",
+)
 def list_trials(
     name: str, store: StoreDep, run_id: Annotated[int | None, Query(ge=1)] = None
 ) -> list[dict[str, Any]]:
@@ -86,6 +91,7 @@ def get_front(name: str, store: StoreDep) -> dict[str, Any]:
             "max_accuracy_drop": policy.max_accuracy_drop,
             "latency_target_ms": policy.latency_target_ms,
             "latency_percentile": policy.latency_percentile,
+            "min_speedup": policy.min_speedup,
             "points": points,
             "chosen_variant_id": runs[0].chosen_variant_id if runs else None,
             "feasible": sum(p["feasible"] for p in points),
@@ -93,7 +99,12 @@ def get_front(name: str, store: StoreDep) -> dict[str, Any]:
         }
 
 
-@router.get("/{name}/searches", response_model=list[SearchPublic], responses=RESPONSES_404)
+@router.get(
+    "/{name}/searches",
+    response_model=list[SearchPublic],
+    responses=RESPONSES_404,
+    summary="Search runs, newest first, with their progress (trials done and budgeted, best so far)",
+)
 def list_searches(name: str, store: StoreDep) -> list[dict[str, Any]]:
     with store.session() as s:
         model = model_or_404(s, name)
@@ -108,7 +119,7 @@ def list_searches(name: str, store: StoreDep) -> list[dict[str, Any]]:
         **RESPONSES_404,
         **RESPONSES_MUTATING,
         **RESPONSES_409,
-        503: {"description": "this server runs no optimizer loop"},
+        503: {"model": ErrorBody, "description": "this server runs no optimizer loop, or no store"},
     },
     dependencies=[TokenDep],
     summary="Start a search now (progress: GET /searches or the model's `search`)",

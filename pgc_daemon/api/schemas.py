@@ -1,12 +1,20 @@
-"""Request and response bodies of the REST API (``*Public`` out, ``*Update``/``*Request`` in)."""
+"""Request and response bodies of the REST API (``*Public`` out, ``*Update``/``*Request`` in).
+
+Request bodies are strict (no string-to-number or string-to-bool coercion, unknown fields
+refused) and their JSON schemas say everything the server checks, so that any body the
+OpenAPI document calls valid is accepted and any other is refused with 422: the schemathesis
+test holds the API to exactly that.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from pgc_daemon.policy import Policy
+
+# --------------------------------------------------------------------------- errors
 
 
 class ErrorBody(BaseModel):
@@ -18,21 +26,110 @@ class ValidationErrorBody(BaseModel):
     errors: list[dict[str, Any]] = Field(description="every problem, as FastAPI reports them")
 
 
+# --------------------------------------------------------------------------- health
+
+
+class DaemonInfo(BaseModel):
+    running: bool = Field(description="whether this server runs the optimizer loop")
+    ticks: int | None = None
+    workers: int | None = Field(None, description="search worker processes alive")
+    last_error: str | None = None
+
+
 class Health(BaseModel):
     status: Literal["ok"]
-    store: str
+    store: str = Field(description="the store URL, without its password")
     models: int
-    daemon: dict[str, Any]
+    daemon: DaemonInfo
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def _most_accurate_needs_a_target(schema: dict[str, Any]) -> None:
+    # Policy's own validator, said in JSON Schema so that generated bodies respect it.
+    schema["anyOf"] = [
+        {"properties": {"objective": {"const": "fastest"}}},
+        {
+            "required": ["objective", "latency_target_ms"],
+            "properties": {"latency_target_ms": {"type": "number"}},
+        },
+    ]
 
 
 class PolicyPublic(Policy):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    version: int
+    version: int = Field(description="goes up by one each time the settings change")
     updated_at: float
 
 
 class PolicyUpdate(Policy):
-    """A whole policy; fields left out take their defaults."""
+    """A whole policy; fields left out take their defaults. ``objective: most_accurate``
+    needs ``latency_target_ms``."""
+
+    model_config = ConfigDict(strict=True, json_schema_extra=_most_accurate_needs_a_target)
+
+
+# --------------------------------------------------------------------------- recipes
+
+#: A layer key: ``_default``, a module's qualified name, or ``re:`` and a pattern made of
+#: names, ``\.``, ``.``, ``.*``, ``.+``, ``\d`` and ``\d+`` (always a valid regex).
+LAYER_KEY_PATTERN = r"^(?:[A-Za-z0-9_][A-Za-z0-9_.\-]*|re:(?:[A-Za-z0-9_\-]|\\\.|\.\*|\.\+|\.|\\d\+|\\d)+)$"
+LayerKey = Annotated[str, StringConstraints(pattern=LAYER_KEY_PATTERN, max_length=300)]
+
+
+class FloatChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    precision: Literal["fp32", "bf16", "fp16"]
+    granularity: Literal["per_tensor", "per_channel"] = "per_channel"
+
+
+class Int8Choice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    precision: Literal["int8"]
+    scheme: Literal["dynamic", "static", "weight_only"]
+    granularity: Literal["per_tensor", "per_channel"] = "per_channel"
+
+
+LayerChoice = Annotated[FloatChoice | Int8Choice, Field(discriminator="precision")]
+
+
+def _keys_by_pattern(schema: dict[str, Any]) -> None:
+    # pydantic writes a key pattern as ``patternProperties``, which lets other keys through;
+    # the server refuses them, so the schema must too.
+    pattern_props = schema.pop("patternProperties", {})
+    if pattern_props:
+        schema["additionalProperties"] = next(iter(pattern_props.values()))
+    schema["propertyNames"] = {"pattern": LAYER_KEY_PATTERN, "maxLength": 300}
+
+
+class EagerBackend(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: Literal["eager"] = "eager"
+    mode: Literal["default"] = "default"
+
+
+class InductorBackend(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: Literal["inductor"]
+    mode: Literal["default", "max-autotune"] = "default"
+
+
+class RecipeBody(BaseModel):
+    """A recipe as ``compiler.Recipe.to_dict`` writes it: per-layer choices by key (in
+    increasing priority: ``_default``, ``re:`` patterns in order, exact names) and a backend."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    version: Literal[1] = 1
+    quantization: dict[LayerKey, LayerChoice] = Field(
+        default_factory=dict, max_length=200, json_schema_extra=_keys_by_pattern
+    )
+    backend: EagerBackend | InductorBackend = Field(default_factory=EagerBackend)
+
+
+# --------------------------------------------------------------------------- models
+
+Text = Annotated[str, StringConstraints(max_length=500, pattern=r"^[^\x00]*$")]
 
 
 class Summary(BaseModel):
@@ -72,6 +169,9 @@ class ActivePublic(BaseModel):
 
 
 class SearchPublic(BaseModel):
+    """One search run and its progress: ``trials_done`` of ``trials_budget``, and the best
+    speedup and fidelity among its feasible trials so far."""
+
     run_id: int
     state: str
     trigger: str
@@ -82,7 +182,7 @@ class SearchPublic(BaseModel):
     message: str | None
     started_at: float
     finished_at: float | None
-    study_name: str
+    study_name: str = Field(description="the Optuna study (open it with optuna-dashboard)")
 
 
 class ModelPublic(BaseModel):
@@ -123,6 +223,9 @@ class ProfilePublic(BaseModel):
     requests: Summary | None
 
 
+# --------------------------------------------------------------------------- search
+
+
 class TrialPublic(BaseModel):
     id: int
     run_id: int
@@ -154,10 +257,19 @@ class FrontPublic(BaseModel):
     max_accuracy_drop: float
     latency_target_ms: float | None
     latency_percentile: str
+    min_speedup: float
     points: list[FrontPoint]
     chosen_variant_id: int | None
     feasible: int
     message: str | None
+
+
+class OptimizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    trials: int | None = Field(None, ge=1, le=1000, description="trial budget (default: policy)")
+
+
+# --------------------------------------------------------------------------- deployments
 
 
 class TransitionPublic(BaseModel):
@@ -180,26 +292,39 @@ class DeploymentPublic(BaseModel):
     live_speedup: float | None
     live_fidelity: float | None
     swap_ms: float | None
+    build_s: float | None = Field(description="seconds to build (compile) the variant")
+    warm_s: float | None = Field(description="seconds of warm-up before verification")
     created_at: float
     updated_at: float
     transitions: list[TransitionPublic]
 
 
+def _exactly_one_target(schema: dict[str, Any]) -> None:
+    schema["oneOf"] = [{"required": ["variant_id"]}, {"required": ["recipe"]}]
+
+
 class DeployRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    variant_id: int | None = Field(None, ge=1, description="a variant the store knows")
-    recipe: dict[str, Any] | None = Field(None, description="or a recipe (JSON, as compiler writes it)")
-    reason: str = Field("deployed through the API", max_length=500)
+    """Exactly one of ``variant_id`` and ``recipe``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_exactly_one_target)
+    # Not Optional: an explicit null is refused, as the schema says.
+    variant_id: int = Field(None, ge=1, description="a variant the store knows")  # type: ignore[assignment]
+    recipe: RecipeBody = Field(None, description="or a recipe")  # type: ignore[assignment]
+    reason: Text = "deployed through the API"
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DeployRequest:
+        if (self.variant_id is None) == (self.recipe is None):
+            raise ValueError("give exactly one of variant_id and recipe")
+        return self
 
 
 class RollbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reason: str = Field("rolled back through the API", max_length=500)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reason: Text = "rolled back through the API"
 
 
-class OptimizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    trials: int | None = Field(None, ge=1, le=1000, description="trial budget (default: policy)")
+# --------------------------------------------------------------------------- events, timeline
 
 
 class EventPublic(BaseModel):
@@ -208,3 +333,50 @@ class EventPublic(BaseModel):
     level: str
     kind: str
     message: str
+
+
+class TimelinePoint(BaseModel):
+    t: float = Field(description="end of the last window in this step (UTC seconds)")
+    count: int
+    errors: int
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+class TimelineSeries(BaseModel):
+    variant_id: int | None
+    label: str
+    is_baseline: bool
+    points: list[TimelinePoint]
+
+
+class TimelineMarker(BaseModel):
+    at: float
+    kind: Literal["deployed", "rollback", "rolled_back", "failed"] = Field(
+        description="deployed: a variant became active; rollback: a rollback became active; "
+        "rolled_back: a canary or active variant was reverted; failed: a deployment failed"
+    )
+    deployment_id: int
+    variant_id: int | None
+    label: str | None
+    source: str
+    reason: str | None
+
+
+class Interval(BaseModel):
+    start: float
+    end: float
+
+
+class TimelinePublic(BaseModel):
+    model: str
+    since: float
+    until: float
+    step_s: float = Field(description="windows are merged into steps this long")
+    latency_target_ms: float | None
+    latency_percentile: str
+    series: list[TimelineSeries]
+    markers: list[TimelineMarker]
+    busy: list[Interval] = Field(description="when pgc searched or built (left out of summaries)")

@@ -143,8 +143,9 @@ def test_optimize_without_an_optimizer_loop_is_503(populated: st.Store) -> None:
 
 def test_metrics_are_prometheus_text(populated: st.Store) -> None:
     text = client(populated).get("/metrics").text
-    assert 'pgc_request_latency_ms' in text or 'pgc_requests_total{model="mini"' in text
-    assert 'pgc_deployments_total{model="mini",state="active"} 1.0' in text
+    assert 'pgc_requests_total{model="mini",variant="fp32 · eager",variant_id="1"} 100.0' in text
+    # deployments by outcome: both reached active (the base, then the int8 variant)
+    assert 'pgc_deployments_total{model="mini",outcome="deployed"} 2.0' in text
     assert 'pgc_trials_total{model="mini",state="complete"} 2.0' in text
 
 
