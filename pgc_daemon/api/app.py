@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from importlib import resources
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
@@ -17,6 +17,26 @@ from pgc_daemon.daemon import Daemon
 from pgc_daemon.settings import Settings
 
 VERSION = "0.1.0"
+
+DESCRIPTION = """pgc profiles live traffic per layer, searches compiled and quantized variants under
+an accuracy budget, and hot-swaps the winner through a canary. This API is how a platform
+team reads what pgc found and sets its targets.
+
+Mutating calls (`PUT`, `POST`) need `Authorization: Bearer <PGC_API_TOKEN>` when the server
+has a token; reads are open. Errors have a one-line `detail`; 422 adds every problem in
+`errors`. The dashboard is at `/`, Prometheus metrics at `/metrics`."""
+
+
+def dashboard_dir() -> Path | None:
+    """The dashboard's static files (``dashboards/static``), wherever the package is
+    installed (wheel, editable install or source tree); None without an ``index.html``."""
+    import dashboards
+
+    for base in getattr(dashboards, "__path__", []):
+        path = Path(base) / "static"
+        if (path / "index.html").is_file():
+            return path
+    return None
 
 
 def create_app(
@@ -46,6 +66,8 @@ def create_app(
         title="pgc",
         version=VERSION,
         summary="Profile-guided compilation daemon for PyTorch inference",
+        description=DESCRIPTION,
+        generate_unique_id_function=lambda route: route.name,  # operationId: the function's name
         lifespan=lifespan,
     )
     app.state.settings = settings
@@ -58,9 +80,9 @@ def create_app(
     app.include_router(routes_search.router)
     app.include_router(routes_deployments.router)
 
-    static = resources.files("dashboards").joinpath("static")
-    if static.is_dir() and static.joinpath("index.html").is_file():
-        app.mount("/ui", StaticFiles(directory=str(static), html=True), name="ui")
+    static = dashboard_dir()
+    if static is not None:
+        app.mount("/ui", StaticFiles(directory=static, html=True), name="ui")
 
         @app.get("/", include_in_schema=False)
         def root() -> RedirectResponse:

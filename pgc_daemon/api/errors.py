@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 import store as st
 from compiler import CompilerError
@@ -23,6 +26,7 @@ RESPONSES_404: Responses = {
     **RESPONSES_422,
 }
 RESPONSES_MUTATING: Responses = {
+    400: {"model": ErrorBody, "description": "the body could not be read (not UTF-8 JSON)"},
     401: {
         "model": ErrorBody,
         "description": "missing or wrong bearer token (only when PGC_API_TOKEN is set)",
@@ -34,11 +38,24 @@ RESPONSES_409: Responses = {409: {"model": ErrorBody, "description": "conflicts 
 RESPONSES_503: Responses = {503: {"model": ErrorBody, "description": "the store is unavailable"}}
 
 
-def _json(code: int, detail: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"detail": detail, **extra}, status_code=code)
+def _json(code: int, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"detail": detail, **extra}, status_code=code, headers=headers)
 
 
 def install(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(req: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            # Starlette names the methods of the first route on the path only; a path served
+            # by two routes (GET and PUT policy) must list both.
+            methods: set[str] = set()
+            for route in req.app.routes:
+                match, _ = route.matches(req.scope)
+                if match != Match.NONE:
+                    methods |= getattr(route, "methods", None) or set()
+            return _json(405, str(exc.detail), headers={"Allow": ", ".join(sorted(methods))})
+        return await http_exception_handler(req, exc)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [

@@ -11,6 +11,7 @@ import store as st
 from pgc_daemon.api.deps import StoreDep, TokenDep
 from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.schemas import (
+    MAX_ID,
     EventPublic,
     ModelPublic,
     PolicyPublic,
@@ -28,11 +29,29 @@ Since = Annotated[
 ]
 
 
+#: Operations on one model, reachable from the list (OpenAPI links: clients and fuzzers
+#: learn where real model names come from).
+PER_MODEL_OPERATIONS = (
+    "get_model", "get_policy", "put_policy", "get_profile", "get_timeline", "get_events",
+    "list_trials", "get_front", "list_searches", "optimize", "list_deployments", "deploy",
+    "rollback",
+)
+LINKS = {
+    op: {"operationId": op, "parameters": {"name": "$response.body#/0/name"}}
+    for op in PER_MODEL_OPERATIONS
+}
+
+
 def model_or_404(s: object, name: str) -> st.Model:
     return st.repo.get_model(s, name)  # type: ignore[arg-type]  # NotFound -> 404
 
 
-@router.get("", response_model=list[ModelPublic], summary="Every model an agent registered")
+@router.get(
+    "",
+    response_model=list[ModelPublic],
+    responses={200: {"description": "every model, by name", "links": LINKS}},
+    summary="Every model an agent registered",
+)
 def list_models(store: StoreDep) -> list[dict[str, Any]]:
     with store.session() as s:
         return [model_summary(s, m) for m in st.repo.list_models(s)]
@@ -92,7 +111,7 @@ def put_policy(name: str, body: PolicyUpdate, store: StoreDep) -> PolicyPublic:
 def get_profile(
     name: str,
     store: StoreDep,
-    variant_id: Annotated[int | None, Query(ge=1, description="default: the fp32 base")] = None,
+    variant_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the fp32 base")] = None,
     since: Since = 0.0,
 ) -> dict[str, Any]:
     with store.session() as s:

@@ -10,7 +10,7 @@ import store as st
 from pgc_daemon.api.deps import DaemonDep, StoreDep, TokenDep
 from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
-from pgc_daemon.api.schemas import ErrorBody, FrontPublic, OptimizeRequest, SearchPublic, TrialPublic
+from pgc_daemon.api.schemas import MAX_ID, ErrorBody, FrontPublic, OptimizeRequest, SearchPublic, TrialPublic
 from pgc_daemon.policy import Policy
 from pgc_daemon.status import search_summary
 
@@ -47,7 +47,7 @@ def trial_public(t: st.Trial, variants: dict[int, st.Variant]) -> dict[str, Any]
     summary="Every trial of every search of this model, oldest first",
 )
 def list_trials(
-    name: str, store: StoreDep, run_id: Annotated[int | None, Query(ge=1)] = None
+    name: str, store: StoreDep, run_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None
 ) -> list[dict[str, Any]]:
     with store.session() as s:
         model = model_or_404(s, name)

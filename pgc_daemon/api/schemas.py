@@ -10,9 +10,34 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 
 from pgc_daemon.policy import Policy
+
+# --------------------------------------------------------------------------- strict input
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 3.0 as an integer; strict pydantic would not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+IntegralInt = Annotated[int, BeforeValidator(_integral)]
+"""An integer in a strict body: a JSON number with no fraction, never a string or a bool."""
+
+MAX_ID = 2**53
+"""Ids past this name no row: stores count from 1, and a larger number would overflow SQLite's
+64-bit integers or lose precision as a JSON number (2**53 is exact in every JSON parser)."""
 
 # --------------------------------------------------------------------------- errors
 
@@ -63,11 +88,24 @@ class PolicyPublic(Policy):
     updated_at: float
 
 
-class PolicyUpdate(Policy):
+class _PolicyUpdateBase(Policy):
     """A whole policy; fields left out take their defaults. ``objective: most_accurate``
     needs ``latency_target_ms``."""
 
     model_config = ConfigDict(strict=True, json_schema_extra=_most_accurate_needs_a_target)
+
+
+#: :class:`Policy` in a strict body: its integer fields take any integral JSON number.
+PolicyUpdate = create_model(  # type: ignore[call-overload]
+    "PolicyUpdate",
+    __base__=_PolicyUpdateBase,
+    __doc__=_PolicyUpdateBase.__doc__,
+    **{
+        name: (IntegralInt, field)
+        for name, field in Policy.model_fields.items()
+        if field.annotation is int
+    },
+)
 
 
 # --------------------------------------------------------------------------- recipes
@@ -266,7 +304,10 @@ class FrontPublic(BaseModel):
 
 class OptimizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    trials: int | None = Field(None, ge=1, le=1000, description="trial budget (default: policy)")
+    # constraints before the validator, or pydantic writes them as "ge"/"le" in the schema
+    trials: Annotated[int, Field(ge=1, le=1000), BeforeValidator(_integral)] | None = Field(
+        None, description="trial budget (default: the policy's max_trials)"
+    )
 
 
 # --------------------------------------------------------------------------- deployments
@@ -308,7 +349,7 @@ class DeployRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_exactly_one_target)
     # Not Optional: an explicit null is refused, as the schema says.
-    variant_id: int = Field(None, ge=1, description="a variant the store knows")  # type: ignore[assignment]
+    variant_id: IntegralInt = Field(None, ge=1, le=MAX_ID, description="a variant the store knows")  # type: ignore[assignment]
     recipe: RecipeBody = Field(None, description="or a recipe")  # type: ignore[assignment]
     reason: Text = "deployed through the API"
 

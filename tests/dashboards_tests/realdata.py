@@ -1,0 +1,146 @@
+"""A store of REAL data for the dashboard, metrics and fuzzing tests: the whole loop on the
+digits MLP (attach -> live per-layer profile -> Optuna search in a worker process -> hot-swap
+through the canary), then a rollback and a redeploy through the API, with live traffic all
+along so the latency timeline has windows before, between and after the markers.
+
+Also runnable by hand to get a store to look at: ``python -m tests.dashboards_tests.realdata DIR``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import store as st
+from pgc_daemon import attach
+from pgc_daemon.daemon import Daemon
+from pgc_daemon.settings import Settings
+from tests.pgc_daemon_tests.helpers import Load, wait_for
+
+MODEL = "digits-mlp"
+SPEC = "pgc_daemon.examples.digits:mlp"
+POLICY = {"max_trials": 5, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
+
+
+@dataclass(frozen=True)
+class RealData:
+    root: Path
+    store_url: str
+    optuna_url: str
+    model: str
+    deployed_variant_id: int
+    study_name: str
+
+
+def settings_for(root: Path) -> Settings:
+    return Settings(
+        store_url=f"sqlite:///{root / 'pgc.db'}",
+        work_dir=str(root / "work"),
+        window_s=0.5,
+        poll_s=0.2,
+        sample_every=5,
+        min_profile_calls=20,
+        reservoir_size=32,
+    )
+
+
+def _active(store: st.Store, model_id: int, source: str, after: int = 0) -> st.Deployment | None:
+    with store.session() as s:
+        runs = st.repo.list_search_runs(s, model_id)
+        if runs and runs[0].state in ("failed", "infeasible", "cancelled"):
+            raise AssertionError(f"search {runs[0].state}: {runs[0].message}")
+        kept = st.repo.list_events(s, model_id, kind="kept")
+        if kept and source == "search":
+            raise AssertionError(kept[0].message)
+        dep = st.repo.active_deployment(s, model_id)
+        return dep if dep is not None and dep.source == source and dep.id > after else None
+
+
+def produce(root: Path) -> RealData:
+    """Run the loop in this process until the search's variant is active, roll it back and
+    deploy it again through the API; return where the store is. About a minute on 2 cores."""
+    from fastapi.testclient import TestClient
+
+    from pgc_daemon.api import create_app
+    from pgc_daemon.examples import digits
+
+    root.mkdir(parents=True, exist_ok=True)
+    settings = settings_for(root)
+    store = st.open_store(settings.store_url)
+    spec = digits.mlp()
+    served = attach(spec["model"], name=MODEL, spec=SPEC, settings=settings, policy=POLICY)
+    daemon = Daemon(settings, store)
+    inputs = [a[0] for a in spec["example_inputs"]]
+    try:
+        with Load(served, spec["model"], inputs, threads=2) as load:
+            daemon.start()
+            wait_for(lambda: served.model_id, timeout=60, what="the agent to register")
+            model_id = served.model_id
+            dep = wait_for(lambda: _active(store, model_id, "search"), timeout=600, every=0.5,
+                           what="a deployment from the search")
+            daemon.stop()  # the search is done; nothing else should load the machine
+            time.sleep(3.0)
+            api = TestClient(create_app(settings, store=store))
+            r = api.post(f"/api/models/{MODEL}/rollback", json={"reason": "rollback for the dashboard tests"})
+            assert r.status_code == 202, r.text
+            back = wait_for(lambda: _active(store, model_id, "rollback", dep.id), timeout=120, every=0.3,
+                            what="the rollback")
+            time.sleep(3.0)
+            r = api.post(f"/api/models/{MODEL}/deployments",
+                         json={"variant_id": dep.variant_id, "reason": "redeployed for the dashboard tests"})
+            assert r.status_code == 202, r.text
+            wait_for(lambda: _active(store, model_id, "manual", back.id), timeout=300, every=0.3,
+                     what="the redeployment")
+            time.sleep(3.0)
+        assert load.errors == [] and load.wrong == 0, (load.errors[:3], load.wrong)
+        served.flush()
+        with store.session() as s:
+            run = st.repo.list_search_runs(s, model_id)[0]
+            study = run.study_name
+    finally:
+        daemon.stop()
+        served.close()
+        store.close()
+    return RealData(
+        root=root,
+        store_url=settings.store_url,
+        optuna_url=settings.optuna_storage(),
+        model=MODEL,
+        deployed_variant_id=dep.variant_id,
+        study_name=study,
+    )
+
+
+def reuse(src: Path, dst: Path) -> RealData:
+    """A copy of a store that :func:`produce` wrote earlier (``PGC_TEST_REALDATA=DIR``: a
+    shortcut for working on the dashboard; CI always produces its own)."""
+    import shutil
+
+    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("work"))
+    settings = settings_for(dst)
+    store = st.open_store(settings.store_url)
+    try:
+        with store.session() as s:
+            model = st.repo.get_model(s, MODEL)
+            run = st.repo.list_search_runs(s, model.id)[-1]
+            dep = next(d for d in reversed(st.repo.list_deployments(s, model.id)) if d.source == "search")
+            variant_id, study = dep.variant_id, run.study_name
+    finally:
+        store.close()
+    return RealData(dst, settings.store_url, settings.optuna_storage(), MODEL, variant_id, study)
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.monotonic()
+    data = produce(Path(argv[1]))
+    print(f"{data} in {time.monotonic() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
+
+
+__all__ = ["MODEL", "RealData", "produce", "settings_for"]
