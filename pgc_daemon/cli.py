@@ -40,7 +40,7 @@ def run(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     except KNOWN_ERRORS as exc:
         print(f"pgc {args.command}: error: {describe(exc)}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, (ValueError, LookupError)) else EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except OSError as exc:

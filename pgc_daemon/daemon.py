@@ -18,11 +18,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import store as st
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.study import study_name
+from pgc_daemon.search.study import shape_signature, study_name
+from pgc_daemon.status import busy_intervals
 from pgc_daemon.settings import Settings
 
 log = logging.getLogger("pgc.daemon")
@@ -105,8 +107,12 @@ class Daemon:
                 log.info("pruned %d old statistics rows", n)
 
     def _consider(self, model: st.Model) -> None:
+        """Start a search when the model needs one: a first search for its current policy and
+        traffic shape, resuming a study whose worker died, after the traffic shape drifted,
+        or after live latency of the active variant regressed (those two rate-limited)."""
         if not model.spec:
             return
+        now = time.time()
         with self.store.session() as s:
             running = st.repo.running_search(s, model.id)
             if running is not None:
@@ -115,20 +121,72 @@ class Daemon:
             reservoir = st.repo.load_reservoir(s, model.id)
             summary = st.repo.request_summary(s, model.id)
             policy_row = st.repo.get_policy(s, model.id)
-            runs = st.repo.list_search_runs(s, model.id)
+            runs = list(st.repo.list_search_runs(s, model.id, limit=200))
+            shapes = st.repo.shape_histogram(s, model.id, since=now - self.settings.drift_window_s)
+            regression = self._regression(s, model)
         if reservoir is None or reservoir.count < MIN_RESERVOIR:
             return
         if summary is None or summary["count"] < self.settings.min_profile_calls:
             return
         policy = Policy.parse(policy_row.settings if policy_row else {})
-        name = study_name(model.name, model.graph_hash or "", model.hardware or "", policy)
+        version = policy_row.version if policy_row else 0
+        signature = shape_signature(shapes)
+        name = study_name(model.name, model.graph_hash or "", model.hardware or "", policy, signature)
         same = [r for r in runs if r.study_name == name]
-        if any(r.state in ("done", "infeasible") for r in same):
+        finished = any(r.state in ("done", "infeasible") for r in same)
+        recent = runs and now - runs[0].started_at < self.settings.reoptimize_interval_s
+        if not finished:
+            if sum(r.state == "failed" for r in same) >= MAX_FAILED_RUNS:
+                return
+            if same:
+                trigger = "resuming the study"
+            elif not runs:
+                trigger = "first search for this model"
+            elif runs[0].policy_version != version:
+                trigger = f"policy changed (version {version})"
+            else:
+                if recent:
+                    return  # a drift re-search waits for the rate limit
+                trigger = f"traffic shape drifted to {signature or 'new shapes'}"
+            self.start_search(model.id, trigger, policy=policy, name=name)
             return
-        if sum(r.state == "failed" for r in same) >= MAX_FAILED_RUNS:
-            return
-        trigger = "first search for this model and policy" if not same else "resuming the study"
-        self.start_search(model.id, trigger, policy=policy, name=name)
+        if regression is not None and not recent:
+            dep_id, message = regression
+            regressed = f"{name}:regressed-{dep_id}"
+            if not any(r.study_name == regressed for r in runs):
+                self.start_search(model.id, message, policy=policy, name=regressed)
+
+    def _regression(self, s: Any, model: st.Model) -> tuple[int, str] | None:
+        """(deployment id, reason) when the active variant's live p50 over the last
+        ``drift_window_s`` is worse than right after it became active by more than the
+        tolerance; quiet windows only (not while pgc searched or built)."""
+        active = st.repo.active_deployment(s, model.id)
+        if active is None or active.variant_id is None:
+            return None
+        since = next((t.at for t in active.transitions if t.to_state == "active"), active.updated_at)
+        window = self.settings.drift_window_s
+        now = time.time()
+        if now - since < 2 * window:
+            return None
+        busy = busy_intervals(s, model.id)
+        first = st.repo.request_summary(s, model.id, variant_id=active.variant_id, since=since, exclude=busy)
+        recent = st.repo.request_summary(
+            s, model.id, variant_id=active.variant_id, since=now - window, exclude=busy
+        )
+        if not first or not recent or first["count"] < 50 or recent["count"] < 50:
+            return None
+        early = [
+            w for w in st.repo.request_windows(s, model.id, since=since, variant_id=active.variant_id)
+            if w.window_end <= since + window
+        ]
+        if sum(w.count for w in early) < 50:
+            return None
+        early_p50 = sum(w.p50_ms * w.count for w in early) / sum(w.count for w in early)
+        if recent["p50_ms"] > early_p50 * (1 + self.settings.regression_tolerance):
+            return active.id, (
+                f"live latency regressed: p50 {early_p50:.2f} -> {recent['p50_ms']:.2f} ms"
+            )
+        return None
 
     def _check_alive(self, s: object, run: st.SearchRun) -> None:
         """A run whose worker is gone (killed, crashed, machine restarted) is marked failed so
@@ -175,7 +233,14 @@ class Daemon:
                 if policy is None:
                     row = st.repo.get_policy(s, model_id)
                     policy = Policy.parse(row.settings if row else {})
-                name = name or study_name(model.name, model.graph_hash or "", model.hardware or "", policy)
+                if name is None:
+                    shapes = st.repo.shape_histogram(
+                        s, model_id, since=time.time() - self.settings.drift_window_s
+                    )
+                    name = study_name(
+                        model.name, model.graph_hash or "", model.hardware or "", policy,
+                        shape_signature(shapes),
+                    )
                 policy_row = st.repo.get_policy(s, model_id)
                 run = st.repo.create_search_run(
                     s,

@@ -28,6 +28,13 @@ class Settings(BaseSettings):
     poll_s: float = Field(1.0, gt=0, description="how often agents and the daemon look for work")
     num_threads: int | None = Field(None, ge=1, description="torch threads of search workers")
     min_profile_calls: int = Field(50, ge=1, description="calls seen before the first search")
+    reoptimize_interval_s: float = Field(
+        1800.0, ge=0, description="at most one automatic re-search per model this often"
+    )
+    drift_window_s: float = Field(600.0, gt=0, description="window for traffic drift and regression")
+    regression_tolerance: float = Field(
+        0.3, gt=0, description="live p50 this much worse than after deployment re-optimizes"
+    )
     retention_h: float = Field(72.0, gt=0, description="statistics older than this are pruned")
     work_dir: str = Field(".pgc", description="worker logs and caches")
 

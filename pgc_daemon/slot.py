@@ -14,8 +14,8 @@ class Slot:
     """A module and the variant it is (None before the agent registered with the store).
 
     ``hookable``: per-layer hooks see its layers (eager modules). ``control``: set while this
-    slot is a canary; then every other call is served by the control (what served before),
-    so both are measured side by side on the same live traffic at the same moment.
+    slot is a canary; then calls alternate, in blocks, between it and the control (what
+    served before), so both are measured side by side on the same live traffic.
     """
 
     module: nn.Module

@@ -158,7 +158,6 @@ class Swapper:
             self._transition(
                 dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
             )
-            verified = self._verify(built, policy.min_fidelity)
             slot = self._slot_for(built, variant.id, variant.label, dep_id)
         except DeployFailed as exc:
             self._fail(dep_id, str(exc))
@@ -166,7 +165,23 @@ class Swapper:
         except Exception as exc:  # noqa: BLE001 - a bad candidate must not hurt serving
             self._fail(dep_id, f"{type(exc).__name__}: {describe(exc)}")
             return
+        self.release(dep_id, slot, policy, source)
 
+    def release(self, dep_id: int, slot: Slot, policy: Any, source: str = "manual") -> bool:
+        """From ``verifying`` on, for a built and warmed module: verify its fidelity on live
+        inputs, swap it in as a canary beside what serves, and make it active or roll it back.
+        Returns whether it became active."""
+        served = self.served
+        label = slot.label
+        try:
+            verified = self._verify(slot.module, policy.min_fidelity)
+        except DeployFailed as exc:
+            self._fail(dep_id, str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001
+            self._fail(dep_id, f"{type(exc).__name__}: {describe(exc)}")
+            return False
+        current = served.slot
         t0 = time.perf_counter()
         if policy.canary_s > 0:
             previous = served.swap(_replace(slot, control=current))
@@ -177,8 +192,8 @@ class Swapper:
             self._transition(
                 dep_id,
                 "canary",
-                f"verified fidelity {verified:.4f}; canary for {policy.canary_s:.0f}s, "
-                "every other live call still on the previous module",
+                f"verified fidelity {verified:.4f}; canary for {policy.canary_s:.0f}s beside "
+                "the previous module",
                 swap_ms=swap_ms,
             )
             ok, reason, live = self._canary(slot, previous, policy)
@@ -189,8 +204,8 @@ class Swapper:
             self._transition(dep_id, "rolled_back", reason, **live)
             with served.store().session() as sess:
                 st.repo.add_event(sess, served.model_id, "rollback", reason, level="warning")
-            log.warning("rolled back %s: %s", variant.label, reason)
-            return
+            log.warning("rolled back %s: %s", label, reason)
+            return False
         served.swap(slot)
         self.previous = previous
         with served.store().session() as sess:
@@ -198,7 +213,7 @@ class Swapper:
                 prev = st.repo.get_deployment(sess, previous.deployment_id)
                 if prev.state == "active":
                     end = "rolled_back" if source == "rollback" else "superseded"
-                    st.repo.transition(sess, prev.id, end, f"replaced by {variant.label}")
+                    st.repo.transition(sess, prev.id, end, f"replaced by {label}")
             st.repo.transition(
                 sess,
                 dep_id,
@@ -208,9 +223,10 @@ class Swapper:
                 previous_variant_id=previous.variant_id,
                 **live,
             )
-            st.repo.add_event(sess, served.model_id, "deployed", f"{variant.label} is active: {reason}")
+            st.repo.add_event(sess, served.model_id, "deployed", f"{label} is active: {reason}")
         self.deployments_done += 1
-        log.info("deployed %s: %s", variant.label, reason)
+        log.info("deployed %s: %s", label, reason)
+        return True
 
     def _fail(self, dep_id: int, reason: str) -> None:
         log.warning("deployment %s failed: %s", dep_id, reason)
@@ -264,13 +280,13 @@ class Swapper:
             by_shape.setdefault(shape_key(args, kwargs), (args, kwargs))
         return list(by_shape.values())[:WARM_SHAPES]
 
-    def _verify(self, built: BuiltVariant, min_fidelity: float) -> float:
+    def _verify(self, module: torch.nn.Module, min_fidelity: float) -> float:
         served = self.served
         samples = served.reservoir.snapshot()[:VERIFY_INPUTS]
         metric = served.metric or "sqnr"
         with torch.inference_mode():
             refs = [served.base(*a, **k) for a, k in samples]
-            outs = [built.module(*a, **k) for a, k in samples]
+            outs = [module(*a, **k) for a, k in samples]
         score = fidelity(metric, refs, outs)
         if score < min_fidelity:
             raise DeployFailed(
@@ -286,8 +302,8 @@ class Swapper:
     def _canary(
         self, slot: Slot, control: Slot, policy: Any
     ) -> tuple[bool, str, dict[str, float]]:
-        """Serve every other live call with the candidate and compare it with the control on
-        the same traffic at the same time; shadow-check the candidate's outputs against the
+        """Serve live calls in alternating blocks by the candidate and the control, compare
+        them on the same traffic at the same time; shadow-check the candidate's outputs against the
         fp32 base on a sample of live inputs. Returns (keep?, reason, live numbers)."""
         served = self.served
         served.live[control.variant_id].clear()

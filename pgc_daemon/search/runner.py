@@ -1,8 +1,10 @@
 """A live search run: what the worker process does for one ``pgc_search_runs`` row.
 
 It rebuilds the model from its MODEL_SPEC, checks it is the model being served (same
-fingerprint), takes the captured live inputs and the live profile from the store, runs the
-study, records every trial, and finally proposes a deployment under the model's lock.
+fingerprint), takes the captured live inputs, the live per-layer profile and the traffic's
+shape histogram from the store, runs the study (resuming it if it exists, warm-started from
+the best recipes of this model's earlier studies if it is new), records every trial, and
+finally proposes a deployment under the model's lock.
 """
 
 from __future__ import annotations
@@ -14,41 +16,42 @@ from typing import Any
 import torch
 
 import store as st
-from compiler import Recipe, fingerprint, probe
+from compiler import Recipe, RecipeError, fingerprint
 from pgc_daemon.errors import SearchError
 from pgc_daemon.modelspec import load_spec
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir
-from pgc_daemon.search.evaluate import Evaluator
-from pgc_daemon.search.space import build_space
-from pgc_daemon.search.study import Search, SearchResult, TrialRecord
+from pgc_daemon.search.prepare import make_search
+from pgc_daemon.search.study import SearchResult, TrialRecord
 from pgc_daemon.settings import Settings
-from profiler import shape_key
 
 log = logging.getLogger("pgc.search")
 
 MIN_INPUTS = 8
-ACCURACY_INPUTS = 64
-TIMING_INPUTS = 16
+PROFILE_WINDOW_S = 3600.0
 
 
-def timing_inputs_for(inputs: list[Any], histogram: dict[str, int], n: int = TIMING_INPUTS) -> list[Any]:
-    """Inputs whose shapes follow live traffic: each shape bucket gets its share of ``n``."""
-    by_key: dict[str, list[Any]] = {}
-    for ex in inputs:
-        by_key.setdefault(shape_key(*ex), []).append(ex)
-    total = sum(histogram.get(k, 0) for k in by_key) or 0
-    if total == 0:
-        return inputs[:n]
-    out: list[Any] = []
-    for key, items in sorted(by_key.items(), key=lambda kv: -histogram.get(kv[0], 0)):
-        want = max(1, round(n * histogram.get(key, 0) / total)) if histogram.get(key, 0) else 0
-        out.extend(items[:want])
-    return out[:n] or inputs[:n]
+def warm_start_recipes(s: Any, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
+    """The recipes earlier studies of this model chose (newest first): a new model version or
+    a new policy starts from what worked before."""
+    out: list[Recipe] = []
+    for run in st.repo.list_search_runs(s, model_id):
+        if run.study_name == study_name or run.chosen_variant_id is None:
+            continue
+        try:
+            recipe = Recipe.from_dict(st.repo.get_variant(s, run.chosen_variant_id).recipe)
+        except RecipeError:
+            continue
+        if recipe not in out:
+            out.append(recipe)
+        if len(out) >= limit:
+            break
+    return out
 
 
 def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     store = st.open_store(settings.store_url)
+    since = time.time() - PROFILE_WINDOW_S
     with store.session() as s:
         run = st.repo.get_search_run(s, run_id)
         model = s.get(st.Model, run.model_id)
@@ -58,9 +61,10 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             (v for v in st.repo.list_variants(s, model.id) if v.recipe_hash == Recipe().hash), None
         )
         profile = st.repo.layer_profile(
-            s, model.id, variant_id=baseline.id if baseline else None, since=time.time() - 3600
+            s, model.id, variant_id=baseline.id if baseline else None, since=since
         )
-        histogram = st.repo.shape_histogram(s, model.id, since=time.time() - 3600)
+        histogram = st.repo.shape_histogram(s, model.id, since=since)
+        warm = warm_start_recipes(s, model.id, run.study_name)
         st.repo.update_search_run(s, run_id, state="running", message="loading the model")
     policy = Policy.parse(policy_row.settings if policy_row else {})
     if not model.spec:
@@ -77,14 +81,6 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     source = "live traffic"
     if len(inputs) < MIN_INPUTS:
         inputs, source = spec.examples, "the spec's example inputs"
-    evaluator = Evaluator(
-        spec.model,
-        inputs[:ACCURACY_INPUTS],
-        metric=model.metric or spec.metric,
-        accuracy=spec.accuracy if spec.labels is None else None,
-    )
-    space = build_space(spec.model, profile, probe())
-    timing = timing_inputs_for(inputs, histogram)
 
     def on_trial(rec: TrialRecord, done: int, budget: int) -> None:
         with store.session() as s:
@@ -103,24 +99,34 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         with store.session() as s:
             return st.repo.get_search_run(s, run_id).state == "cancelled"
 
-    with store.session() as s:
-        st.repo.update_search_run(
-            s, run_id, message=f"searching {space.size} variants on {len(inputs)} inputs from {source}"
-        )
-    search = Search(
+    search = make_search(
         base=spec.model,
-        space=space,
+        inputs=inputs,
+        profile=profile,
         policy=policy,
-        evaluator=evaluator,
-        timing_inputs=timing,
-        calibration=inputs,
-        storage=settings.optuna_storage(),
         name=run.study_name,
+        storage=settings.optuna_storage(),
+        histogram=histogram,
+        metric=model.metric or spec.metric,
+        accuracy=spec.accuracy if spec.labels is None else None,
         on_trial=on_trial,
         should_stop=should_stop,
+        warm_start=warm,
     )
-    search.enqueue(space.baselines())
-    result = search.run(policy.max_trials, timeout_s=policy.time_budget_s)
+    resumed = len(search.finished())
+    with store.session() as s:
+        st.repo.update_search_run(
+            s,
+            run_id,
+            trials_done=min(resumed, run.trials_budget),
+            message=(
+                f"searching {search.space.size} variants ({len(search.space.hot_layers)} hot "
+                f"layers) on {len(inputs)} inputs from {source}"
+                + (f"; resuming with {resumed} finished trials" if resumed else "")
+                + (f"; warm-started from {len(warm)} earlier recipes" if warm else "")
+            ),
+        )
+    result = search.run(run.trials_budget, timeout_s=policy.time_budget_s)
     finish_run(store, model.id, run_id, result, policy)
     return result
 
@@ -154,7 +160,9 @@ def record_trial(s: Any, model_id: int, run_id: int, rec: TrialRecord) -> None:
     )
 
 
-def finish_run(store: st.Store, model_id: int, run_id: int, result: SearchResult, policy: Policy) -> None:
+def finish_run(
+    store: st.Store, model_id: int, run_id: int, result: SearchResult, policy: Policy
+) -> None:
     from pgc_daemon.decide import propose  # noqa: PLC0415
 
     with store.session() as s:

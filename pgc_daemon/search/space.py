@@ -51,6 +51,24 @@ class Space:
             out[f"layer:{name}"] = layers.get(name, default)
         return out
 
+    def params_for(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The parameters that give ``recipe`` in this space, or None when it cannot be said
+        here (a layer choice outside the space, a rule on a layer that is not hot, another
+        backend). Used to warm-start a study from another study's best recipes."""
+        rules = dict(recipe.quantization.rules)
+        default = rules.pop(DEFAULT_KEY, LayerQuant()).label()
+        if default not in self.default_choices or recipe.backend.kind not in self.backends:
+            return None
+        if recipe.backend.mode != "default":
+            return None
+        layers: dict[str, str] = {}
+        for key, choice in rules.items():
+            if key not in self.hot_layers or choice.label() not in self.layer_choices:
+                return None
+            layers[key] = choice.label()
+        params = self.params(default, recipe.backend.kind, **layers)
+        return params if self.recipe(params) == recipe else None
+
     def baselines(self) -> list[dict[str, Any]]:
         """What every search tries first: fp32 compiled, and all-int8 per-channel compiled."""
         backend = "inductor" if "inductor" in self.backends else self.backends[0]

@@ -77,13 +77,25 @@ class SearchResult:
         return self.chosen is not None
 
 
-def study_name(model: str, graph_hash: str, hardware: str, policy: Policy) -> str:
-    """One study per (model, base graph, hardware, policy)."""
+def shape_signature(histogram: dict[str, int], *, min_share: float = 0.2, most: int = 3) -> str:
+    """The shape buckets that carry live traffic (each at least ``min_share`` of calls, at most
+    ``most``), sorted: what the measurements of a study were taken at."""
+    total = sum(histogram.values())
+    if not total:
+        return ""
+    top = sorted(histogram.items(), key=lambda kv: -kv[1])[:most]
+    return "|".join(sorted(k for k, n in top if n / total >= min_share))
+
+
+def study_name(model: str, graph_hash: str, hardware: str, policy: Policy, shapes: str = "") -> str:
+    """One study per (model, base graph, hardware, policy, live traffic shape)."""
     pol = json.dumps(policy.model_dump(), sort_keys=True)
-    return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{hashlib.sha256(pol.encode()).hexdigest()[:8]}"
+    key = hashlib.sha256(f"{pol}|{shapes}".encode()).hexdigest()[:10]
+    return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{key}"
 
 
-def open_study(name: str, storage: str, seed: int = 0) -> optuna.Study:
+def open_study(name: str, storage: str | None, seed: int = 0) -> optuna.Study:
+    """Create or load a study (``storage=None``: in memory, for one-shot offline runs)."""
     # Constraints are set on each trial (``Trial.set_constraint``); TPE reads them.
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
     with warnings.catch_warnings():
@@ -122,7 +134,7 @@ class Search:
         evaluator: Evaluator,
         timing_inputs: Sequence[Example],
         calibration: Sequence[Example],
-        storage: str,
+        storage: str | None,
         name: str,
         seed: int = 0,
         on_trial: Callable[[TrialRecord, int, int], None] | None = None,
@@ -265,18 +277,26 @@ class Search:
     # ------------------------------------------------------------------ result
 
     def result(self, records: list[TrialRecord]) -> SearchResult:
+        """The front and the policy's pick. fp32 eager itself (ratio 1, no drop) takes part:
+        a variant slower than the unmodified model is never chosen over it."""
         complete = [r for r in records if r.state == "complete"]
-        front = pareto_front(complete)
-        chosen = pick(complete, self.policy)
-        closest: list[TrialRecord] = []
         baselines = [r.baseline_ms for r in complete if r.baseline_ms]
         baseline_ms = sorted(baselines)[len(baselines) // 2] if baselines else None
+        base = self._baseline_record(baseline_ms)
+        front = pareto_front(complete + [base])
+        chosen = pick(complete + [base], self.policy)
+        closest: list[TrialRecord] = []
         if chosen is None:
             closest = sorted(complete, key=lambda r: r.violation)[:3]
             message = "no feasible variant under the policy" + (
                 "; closest: " + "; ".join(f"{r.label} ({r.message})" for r in closest)
                 if closest
                 else ""
+            )
+        elif chosen is base:
+            best = min(complete, key=lambda r: r.ratio, default=None)
+            message = "fp32 eager stays fastest: no variant beat it" + (
+                f" (best: {best.label}, {best.message})" if best else ""
             )
         else:
             message = f"chose {chosen.label}: {chosen.message}"
@@ -290,6 +310,27 @@ class Search:
             message=message,
             study_name=self.name,
         )
+
+    def _baseline_record(self, baseline_ms: float | None) -> TrialRecord:
+        identity = Recipe()
+        rec = TrialRecord(
+            number=-1,
+            state="complete",
+            params={},
+            recipe=identity.to_dict(),
+            recipe_hash=identity.hash,
+            label=identity.label(),
+            ratio=1.0,
+            speedup=1.0,
+            latency_ms=baseline_ms,
+            baseline_ms=baseline_ms,
+            fidelity=1.0,
+            drop=0.0,
+            message="the unmodified model",
+        )
+        rec.feasible = all(v <= 0.0 for v in self._constraints(rec).values())
+        rec.violation = _normalized_violation(rec, self.policy)
+        return rec
 
 
 def _normalized_violation(rec: TrialRecord, policy: Policy) -> float:

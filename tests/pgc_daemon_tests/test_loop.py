@@ -67,3 +67,54 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
     finally:
         daemon.stop()
         served.close()
+
+
+def test_a_daemon_killed_mid_search_resumes_its_study(mlp_spec: dict[str, Any], settings: Settings, store: st.Store) -> None:
+    import optuna
+
+    policy = {"max_trials": 4, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
+    served = attach(mlp_spec["model"], name="mlp", spec="pgc_daemon.examples.digits:mlp",
+                    settings=settings, policy=policy)
+    inputs = [a[0] for a in mlp_spec["example_inputs"]]
+    first = Daemon(settings, store)
+    try:
+        with Load(served, mlp_spec["model"], inputs, threads=1):
+            first.start()
+
+            def trials_done() -> int:
+                with store.session() as s:
+                    return len(st.repo.list_trials(s, served.model_id)) if served.model_id else 0
+
+            wait_for(lambda: trials_done() >= 2, timeout=300, every=0.2, what="two finished trials")
+            first.stop(kill_workers=True)  # the daemon and its worker die mid-search
+            with store.session() as s:
+                run1 = st.repo.list_search_runs(s, served.model_id)[0]
+                kept = {(t.number, t.variant_id, t.speedup) for t in st.repo.list_trials(s, served.model_id)}
+            assert run1.state == "running"
+            study = optuna.load_study(study_name=run1.study_name, storage=settings.optuna_storage())
+            finished_before = {t.number for t in study.trials if t.state.is_finished() and "record" in t.user_attrs}
+
+            second = Daemon(settings, store)
+            second.start()
+            try:
+                def done() -> Any:
+                    with store.session() as s:
+                        runs = st.repo.list_search_runs(s, served.model_id)
+                        return runs[0] if runs[0].id != run1.id and runs[0].state in ("done", "infeasible", "failed") else None
+
+                run2 = wait_for(done, timeout=300, every=0.5, what="the resumed search")
+            finally:
+                second.stop()
+        with store.session() as s:
+            assert st.repo.get_search_run(s, run1.id).state == "failed"
+            assert run2.state == "done" and run2.trigger == "resuming the study"
+            assert run2.study_name == run1.study_name
+            after = {(t.number, t.variant_id, t.speedup) for t in st.repo.list_trials(s, served.model_id)}
+        assert kept <= after  # every trial finished before the kill is still there
+        study = optuna.load_study(study_name=run1.study_name, storage=settings.optuna_storage())
+        evaluated = [t for t in study.trials if "record" in t.user_attrs and not t.user_attrs["record"]["duplicate"]]
+        assert finished_before <= {t.number for t in evaluated}
+        assert len(evaluated) == 4  # the budget counts the trials from before the kill
+    finally:
+        first.stop()
+        served.close()

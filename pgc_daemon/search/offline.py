@@ -1,0 +1,112 @@
+"""``pgc optimize``: the same search as the live loop, for any model given by a MODEL_SPEC,
+on its example inputs, without a store or a running server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from compiler import fingerprint, probe
+from pgc_daemon.modelspec import load_spec
+from pgc_daemon.policy import Policy
+from pgc_daemon.search.prepare import make_search, offline_profile
+from pgc_daemon.search.study import SearchResult, TrialRecord, study_name
+
+METRIC_REASONS = {
+    "cosine": "mean cosine of output vectors (L2-normalized rows look like embeddings)",
+    "top1": "top-1 agreement with fp32 (2-D outputs look like logits)",
+    "sqnr": "1 - noise/signal power against fp32 (SQNR)",
+    "accuracy": "the spec's accuracy function on its labels",
+    "custom": "the spec's accuracy function against fp32 outputs",
+}
+
+
+@dataclass
+class OfflineResult:
+    spec: str
+    result: SearchResult
+    profile: list[dict[str, Any]]
+    hot_layers: list[str]
+    space_size: int
+    elapsed_s: float
+    metric_source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.result
+        chosen = r.chosen
+        return {
+            "spec": self.spec,
+            "metric": r.metric,
+            "metric_reason": self.metric_source,
+            "baseline_ms": r.baseline_ms,
+            "best_ms": chosen.latency_ms if chosen else None,
+            "speedup": chosen.speedup if chosen else None,
+            "accuracy_drop": chosen.drop if chosen else None,
+            "fidelity": chosen.fidelity if chosen else None,
+            "recipe": chosen.recipe if chosen else None,
+            "label": chosen.label if chosen else None,
+            "feasible": r.feasible,
+            "message": r.message,
+            "trials": len(r.records),
+            "front": [_point(t) for t in r.front],
+            "closest": [_point(t) for t in r.closest],
+            "hot_layers": self.hot_layers,
+            "space_size": self.space_size,
+            "elapsed_s": round(self.elapsed_s, 1),
+        }
+
+
+def _point(t: TrialRecord) -> dict[str, Any]:
+    return {
+        "label": t.label,
+        "speedup": t.speedup,
+        "latency_ms": t.latency_ms,
+        "accuracy_drop": t.drop,
+        "fidelity": t.fidelity,
+        "feasible": t.feasible,
+        "recipe": t.recipe,
+    }
+
+
+def optimize(
+    spec_path: str,
+    policy: Policy,
+    *,
+    storage: str | None = None,
+    seed: int = 0,
+    on_trial: Callable[[TrialRecord, int, int], None] | None = None,
+) -> OfflineResult:
+    started = time.monotonic()
+    spec = load_spec(spec_path)
+    profile = offline_profile(spec.model, spec.examples)
+    name = study_name(spec_path, fingerprint(spec.model), probe().key(), policy)
+    search = make_search(
+        base=spec.model,
+        inputs=spec.examples,
+        profile=profile,
+        policy=policy,
+        name=name,
+        storage=storage,
+        metric=spec.metric,
+        accuracy=spec.accuracy,
+        labels=spec.labels,
+        on_trial=on_trial,
+        seed=seed,
+    )
+    metric = search.evaluator.metric
+    if spec.metric:
+        source = f"{METRIC_REASONS.get(metric, metric)} (set by the spec)"
+    else:
+        source = METRIC_REASONS.get(metric, metric)
+    result = search.run(policy.max_trials, timeout_s=policy.time_budget_s)
+    return OfflineResult(
+        spec=spec_path,
+        result=result,
+        profile=profile,
+        hot_layers=list(search.space.hot_layers),
+        space_size=search.space.size,
+        elapsed_s=time.monotonic() - started,
+        metric_source=source,
+    )

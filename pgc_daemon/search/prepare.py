@@ -1,0 +1,115 @@
+"""What a search needs, assembled the same way for a live run (worker process, inputs from the
+store) and an offline run (``pgc optimize``, inputs from the MODEL_SPEC)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from compiler import Example, Recipe, probe
+from pgc_daemon.policy import Policy
+from pgc_daemon.search.evaluate import Evaluator
+from pgc_daemon.search.space import Space, build_space
+from pgc_daemon.search.study import Search, TrialRecord
+from profiler import Profiler, ProfilerConfig, shape_key
+
+ACCURACY_INPUTS = 64
+TIMING_INPUTS = 16
+
+
+def timing_inputs_for(
+    inputs: Sequence[Example], histogram: dict[str, int], n: int = TIMING_INPUTS
+) -> list[Example]:
+    """Inputs whose shapes follow live traffic: each shape bucket seen in ``inputs`` gets its
+    share of ``n`` by the traffic ``histogram`` (calls per bucket)."""
+    by_key: dict[str, list[Example]] = {}
+    for ex in inputs:
+        by_key.setdefault(shape_key(*ex), []).append(ex)
+    total = sum(histogram.get(k, 0) for k in by_key)
+    if total == 0:
+        return list(inputs[:n])
+    out: list[Example] = []
+    for key, items in sorted(by_key.items(), key=lambda kv: -histogram.get(kv[0], 0)):
+        share = histogram.get(key, 0)
+        if share:
+            out.extend(items[: max(1, round(n * share / total))])
+    return out[:n] or list(inputs[:n])
+
+
+def offline_profile(model: nn.Module, inputs: Sequence[Example], rounds: int = 3) -> list[dict[str, Any]]:
+    """Per-layer shares from profiling every call on ``inputs`` (what live sampling gives a
+    served model), through the same profiler code."""
+    prof = Profiler(ProfilerConfig(sample_every=1, window_s=3600))
+    prof.watch(model)
+    import time
+
+    with torch.inference_mode():
+        for ex in inputs[:4]:  # warm caches before timing
+            model(*ex[0], **ex[1])
+        for _ in range(rounds):
+            for args, kwargs in inputs[:16]:
+                token = prof.begin(model)
+                t0 = time.perf_counter_ns()
+                model(*args, **kwargs)
+                prof.end(token, None, args, kwargs, time.perf_counter_ns() - t0)
+    window = prof.aggregator.close()
+    totals: dict[str, dict[str, Any]] = {}
+    for row in window.layers:
+        acc = totals.setdefault(row["layer"], {"layer": row["layer"], "op_type": row["op_type"], "total": 0.0, "count": 0})
+        acc["total"] += row["mean_ms"] * row["count"]
+        acc["count"] += row["count"]
+    grand = sum(r["total"] for r in totals.values()) or 1.0
+    rows = [
+        {**r, "mean_ms": r["total"] / max(r["count"], 1), "share": r["total"] / grand}
+        for r in totals.values()
+    ]
+    return sorted(rows, key=lambda r: r["share"], reverse=True)
+
+
+def make_search(
+    *,
+    base: nn.Module,
+    inputs: Sequence[Example],
+    profile: Sequence[dict[str, Any]],
+    policy: Policy,
+    name: str,
+    storage: str | None,
+    histogram: dict[str, int] | None = None,
+    metric: str | None = None,
+    accuracy: Callable[[Sequence[Any], Sequence[Any]], float] | None = None,
+    labels: Sequence[Any] | None = None,
+    on_trial: Callable[[TrialRecord, int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    warm_start: Sequence[Recipe] = (),
+    space: Space | None = None,
+    seed: int = 0,
+) -> Search:
+    """A :class:`Search` with baselines (and warm-start recipes) enqueued first."""
+    n = min(len(inputs), ACCURACY_INPUTS)
+    evaluator = Evaluator(
+        base,
+        list(inputs[:n]),
+        metric=metric,
+        accuracy=accuracy,
+        labels=list(labels[:n]) if labels is not None else None,
+    )
+    space = space or build_space(base, profile, probe())
+    search = Search(
+        base=base,
+        space=space,
+        policy=policy,
+        evaluator=evaluator,
+        timing_inputs=timing_inputs_for(inputs, histogram or {}),
+        calibration=list(inputs),
+        storage=storage,
+        name=name,
+        on_trial=on_trial,
+        should_stop=should_stop,
+        seed=seed,
+    )
+    queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
+    search.enqueue(queued + space.baselines())
+    return search
