@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -85,7 +85,8 @@ def create_app(
         app.mount("/ui", StaticFiles(directory=static, html=True), name="ui")
 
         @app.get("/", include_in_schema=False)
-        def root() -> RedirectResponse:
-            return RedirectResponse("/ui/")
+        def root(request: Request) -> RedirectResponse:
+            query = request.url.query
+            return RedirectResponse("/ui/" + (f"?{query}" if query else ""))
 
     return app
