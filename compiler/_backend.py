@@ -1,22 +1,78 @@
-"""Backend: eager, or Inductor through ``torch.compile``.
+"""Backend: eager, Inductor through ``torch.compile``, or ONNX Runtime; and the partition
+strategy that decides what one compiled graph holds.
 
 Compiled variants are built with weight freezing (constant folding and prepacked weights),
-which is what makes int8 fast on CPU; it is passed per compile, never set globally, and it
-needs inference mode, which is how pgc calls every variant. Shapes are static
-(``dynamic=False``): serving sees few shapes, and shape buckets keep it that way.
+which is what makes int8 fast on CPU. For ordinary modules it is passed per compile. A pt2e
+graph needs it set in ``torch._inductor.config`` itself (the per-compile option is ignored on
+that path and the compile fails on ``onednn.qlinear_prepack``), so such a variant is wrapped
+in :class:`FreezingCompiled`, which sets the flag only while one of its calls runs (compiles,
+and recompiles for a new shape, happen inside calls) and restores it after: the serving
+process's globals are never left changed. Shapes are static (``dynamic=False``): serving sees
+few shapes, and shape buckets keep it that way.
+
+When the build has an example input the variant is compiled during ``build`` and the code
+Inductor generated is read back, so the report says which kernels really run (oneDNN int8
+``qlinear_pointwise``, MKL fp32 ``_mkl_linear``, ...) rather than which were hoped for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
 import torch
 from torch import nn
 
+from compiler._pt2e import quiet
 from compiler._registry import BuildContext, register_transform
+from compiler.parts import Partition
 from compiler.recipe import Backend
 
+_FREEZE_LOCK = threading.Lock()
+_freeze_depth = 0
+_freeze_saved: bool | None = None
 
-def compile_options(part: Backend) -> dict[str, object]:
-    options: dict[str, object] = {"freezing": True}
+
+@contextlib.contextmanager
+def freezing_enabled() -> Iterator[None]:
+    """Set ``torch._inductor.config.freezing`` while any caller is inside, restore it when the
+    last one leaves (a counter, so overlapping calls from several threads restore correctly)."""
+    global _freeze_depth, _freeze_saved
+    from torch._inductor import config
+
+    with _FREEZE_LOCK:
+        if _freeze_depth == 0:
+            _freeze_saved = config.freezing
+            config.freezing = True
+        _freeze_depth += 1
+    try:
+        yield
+    finally:
+        with _FREEZE_LOCK:
+            _freeze_depth -= 1
+            if _freeze_depth == 0:
+                config.freezing = bool(_freeze_saved)
+
+
+class FreezingCompiled(nn.Module):
+    """A compiled pt2e graph that compiles (and runs) with Inductor's freezing flag set."""
+
+    def __init__(self, compiled: nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with freezing_enabled():
+            return self.compiled(*args, **kwargs)
+
+
+def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, object]:
+    options: dict[str, object] = {"freezing": freezing}
     if part.mode == "max-autotune":
         from torch._inductor import list_mode_options
 
@@ -24,10 +80,132 @@ def compile_options(part: Backend) -> dict[str, object]:
     return options
 
 
+_OP = re.compile(r"torch\.ops\.(\w+)\.(\w+)|extern_kernels\.(\w+)")
+_NAMES = {
+    "onednn.qlinear_pointwise": "oneDNN int8 linear",
+    "onednn.qconv_pointwise": "oneDNN int8 conv",
+    "onednn.qconv2d_pointwise": "oneDNN int8 conv",
+    "mkl._mkl_linear": "MKL fp32 linear",
+    "mkldnn._linear_pointwise": "oneDNN fused linear",
+    "mkldnn._convolution_pointwise": "oneDNN fused conv",
+}
+
+
+@contextlib.contextmanager
+def capture_code() -> Iterator[list[str]]:
+    """Collect the wrapper code Inductor generates while inside. Unlike
+    ``torch._inductor.utils.run_and_get_code`` this does not reset Dynamo (which would throw
+    away every compiled model of the serving process)."""
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        yield codes
+
+
+def summarize_kernels(codes: list[str]) -> str:
+    """``oneDNN int8 linear x36, MKL fp32 linear x2, 41 generated C++/Triton kernels``."""
+    calls: Counter[str] = Counter()
+    generated = 0
+    for code in codes:
+        code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("#"))
+        for m in _OP.finditer(code):
+            name = f"{m.group(1)}.{m.group(2)}" if m.group(1) else f"extern.{m.group(3)}"
+            if name.startswith(("inductor.", "aten.empty", "extern.reinterpret")):
+                continue
+            calls[_NAMES.get(name, name)] += 1
+        generated += len(re.findall(r"^cpp_fused_\w+ = |^triton_\w+ = ", code, re.M))
+    parts = [f"{k} x{v}" for k, v in calls.most_common()]
+    if generated:
+        parts.append(f"{generated} generated fused kernels")
+    return ", ".join(parts) or "no kernels found in the generated code"
+
+
+def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """The repeated blocks of a model: items of the shallowest ModuleLists/Sequentials that
+    hold two or more modules of one type (transformer layers, residual stages)."""
+    found: list[tuple[nn.Module, str, nn.Module]] = []
+
+    def visit(mod: nn.Module) -> None:
+        for name, child in mod.named_children():
+            if isinstance(child, (nn.ModuleList, nn.Sequential)):
+                kids = list(child.named_children())
+                types = Counter(type(k) for _, k in kids)
+                if kids and max(types.values()) >= 2 and any(
+                    any(True for _ in k.children()) for _, k in kids
+                ):
+                    found.extend((child, n, k) for n, k in kids)
+                    continue
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def _compile_memory(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Module:
+    blocks = _blocks(model)
+    if not blocks:
+        ctx.report.notes.append("memory partition: no repeated blocks; compiled whole, unfrozen")
+        return torch.compile(model, dynamic=False, options=compile_options(part, freezing=False))  # type: ignore[return-value]
+    for parent, name, block in blocks:
+        compiled = torch.compile(block, dynamic=False, options=compile_options(part, freezing=False))
+        if isinstance(parent, nn.ModuleList | nn.Sequential) and name.isdigit():
+            parent[int(name)] = compiled
+        else:
+            setattr(parent, name, compiled)
+    ctx.report.notes.append(
+        f"memory partition: {len(blocks)} blocks compiled one by one without freezing "
+        "(weights stay the module's parameters, no prepacked copies); glue runs eagerly"
+    )
+    return model
+
+
+@register_transform(Partition)
+def apply_partition(model: nn.Module, part: Partition, ctx: BuildContext) -> nn.Module:
+    """The strategy is carried out by the backend, which compiles; this records it."""
+    ctx.state["partition"] = part.strategy
+    return model
+
+
 @register_transform(Backend)
 def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Module:
+    pt2e = bool(ctx.state.get("pt2e"))
+    if part.kind == "onnxruntime":
+        from compiler._ort import to_onnxruntime
+
+        return to_onnxruntime(model, ctx)
     if part.kind == "eager":
+        if pt2e:
+            ctx.report.kernel_paths["<model>"] = (
+                "pt2e reference quantize/dequantize around fp32 ops (eager: no int8 kernels; "
+                "use the inductor backend)"
+            )
         return model
     ctx.report.compiled = True
-    ctx.report.notes.append(f"torch.compile inductor ({part.mode}, freezing, static shapes)")
-    return torch.compile(model, dynamic=False, options=compile_options(part))  # type: ignore[return-value]
+    strategy = ctx.state.get("partition", "latency")
+    if strategy == "memory" and not pt2e:
+        compiled = _compile_memory(model, part, ctx)
+    else:
+        if strategy == "memory":
+            ctx.report.notes.append(
+                "memory partition does not apply to a pt2e graph (its int8 kernels need "
+                "frozen, prepacked weights); compiled whole"
+            )
+        options = compile_options(part)
+        if pt2e:
+            options.pop("freezing")  # set globally around each call instead (see module doc)
+            compiled = FreezingCompiled(torch.compile(model, dynamic=False, options=options))
+        else:
+            compiled = torch.compile(model, dynamic=False, options=options)  # type: ignore[assignment]
+        ctx.report.notes.append(
+            f"torch.compile inductor ({part.mode}, freezing{', global flag per call' if pt2e else ''}, "
+            "static shapes)"
+        )
+    example = ctx.first_input()
+    if example is not None:
+        args, kwargs = example
+        with torch.inference_mode(), capture_code() as codes, quiet():
+            compiled(*args, **kwargs)
+        ctx.report.kernel_paths["<compiled>"] = summarize_kernels(codes)
+        ctx.state["compiled_on"] = example
+    return compiled

@@ -1,7 +1,9 @@
-"""Per-layer precision: int8 (torchao) and fp16/bf16 casts, layer by layer.
+"""Per-layer precision: int8 (torchao or pt2e) and fp16/bf16 casts, layer by layer.
 
 int8 dynamic and weight-only use torchao's tensor-subclass configs, applied with
 ``quantize_`` and a filter on qualified names, so module names stay what the profile saw.
+A recipe with static int8 layers goes through pt2e (``_pt2e``): the model is exported and
+becomes a graph, and its dynamic int8 layers join the static ones in that graph.
 torchao is told not to touch global Inductor settings (``set_inductor_config=False``): the
 serving process belongs to the user; the backend transform sets what it needs per compile.
 """
@@ -17,12 +19,15 @@ import torch
 from torch import nn
 
 from compiler._errors import BuildError
+from compiler._pt2e import PT2E_MODULES as STATIC_MODULES
+from compiler._pt2e import quantize_pt2e
 from compiler._registry import BuildContext, register_transform
 from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
 
 log = logging.getLogger("pgc.compiler")
 
 INT8_MODULES = (nn.Linear,)
+"""Modules with an int8 dynamic / weight-only path (torchao)."""
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -48,7 +53,7 @@ def _int8_config(choice: LayerQuant) -> Any:
         return q.Int8DynamicActivationInt8WeightConfig(granularity=g, set_inductor_config=False)
     if choice.scheme == "weight_only":
         return q.Int8WeightOnlyConfig(granularity=g, set_inductor_config=False)
-    raise BuildError(f"int8 scheme {choice.scheme!r} is not built by the torchao path")
+    raise BuildError(f"int8 scheme {choice.scheme!r} is not built by the torchao path")  # pragma: no cover
 
 
 def _cast_hooks(module: nn.Module, dtype: torch.dtype) -> None:
@@ -74,36 +79,88 @@ def _cast_hooks(module: nn.Module, dtype: torch.dtype) -> None:
     module.register_forward_hook(post, with_kwargs=True)
 
 
-@register_transform(Quantization)
-def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Module:
-    if part.is_identity:
-        return model
-    groups: dict[LayerQuant, list[str]] = defaultdict(list)
+def plan_layers(
+    model: nn.Module, part: Quantization, ctx: BuildContext
+) -> tuple[dict[str, LayerQuant], dict[str, str]]:
+    """Each leaf module's choice where it is not fp32 and the module can take it, and the
+    leaves a rule names explicitly that cannot (with why). Leaves only ``_default`` reaches and
+    cannot take it are left alone silently: the default means "wherever it applies"."""
+    plan: dict[str, LayerQuant] = {}
+    cannot: dict[str, str] = {}
+    handled = ctx.state.get("handled", set())
     for name, mod in model.named_modules():
-        if not name or any(True for _ in mod.children()):
-            continue  # containers: their leaves decide
+        if not name or any(True for _ in mod.children()) or name in handled:
+            continue  # containers: their leaves decide; handled: an earlier part took it
         choice, key = part.choice_for(name)
         if choice.is_identity:
             continue
         if choice.precision == "int8":
-            if not isinstance(mod, INT8_MODULES):
-                if key not in (None, DEFAULT_KEY):  # a rule named it: say why nothing happened
-                    ctx.report.skipped[name] = (
-                        f"{type(mod).__name__} has no int8 path here (nn.Linear only)"
+            kinds = STATIC_MODULES if choice.scheme == "static" else INT8_MODULES
+            if not isinstance(mod, kinds):
+                if key not in (None, DEFAULT_KEY):
+                    allowed = " and ".join(k.__name__ for k in kinds)
+                    cannot[name] = (
+                        f"{type(mod).__name__} has no int8 {choice.scheme} path ({allowed} only)"
                     )
-                continue
-            if choice.scheme == "static":
-                ctx.report.skipped[name] = "static int8 needs the pt2e path (not in this build)"
                 continue
         elif not any(p.is_floating_point() for p in mod.parameters(recurse=False)):
             continue
-        groups[choice].append(name)
+        plan[name] = choice
+    return plan, cannot
 
+
+@register_transform(Quantization)
+def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Module:
+    if part.is_identity:
+        return model
+    recipe = ctx.recipe
+    if recipe is not None and recipe.backend.kind == "onnxruntime":
+        ctx.state["ort_quantization"] = part
+        return model  # ONNX Runtime's quantizer does it on the exported graph
+    plan, cannot = plan_layers(model, part, ctx)
+    for name, why in cannot.items():
+        ctx.report.skip(name, why)
+    pt2e_plan = {n: c for n, c in plan.items() if c.scheme in ("static",)}
+    if pt2e_plan:
+        # dynamic layers join the static ones in the exported graph (one graph, one compile)
+        pt2e_plan.update({n: c for n, c in plan.items() if c.scheme == "dynamic"})
+        default = dict(part.rules).get(DEFAULT_KEY)
+        keep_float = set()
+        for name, mod in model.named_modules():
+            if isinstance(mod, STATIC_MODULES) and name not in pt2e_plan:
+                keep_float.add(name)
+                choice = plan.get(name)
+                if choice is not None:
+                    ctx.report.skip(
+                        name,
+                        f"{choice.label()} cannot join a pt2e (static int8) graph: the x86 "
+                        "quantizer matches plain aten.linear/conv only; kept fp32",
+                    )
+        plan = {n: c for n, c in plan.items() if n not in keep_float and n not in pt2e_plan}
+        model = quantize_pt2e(model, pt2e_plan, keep_float, default, ctx)
+    _quantize_eager(model, plan, ctx)
+    return model
+
+
+def _quantize_eager(model: nn.Module, plan: dict[str, LayerQuant], ctx: BuildContext) -> None:
+    """fp16/bf16 casts and torchao int8 (dynamic, weight-only) on eager modules, in place."""
+    if not plan:
+        return
+    groups: dict[LayerQuant, list[str]] = defaultdict(list)
+    for name, choice in plan.items():
+        groups[choice].append(name)
     q, _ = _torchao()
+    modules = dict(model.named_modules())
+    for choice in list(groups):
+        gone = [n for n in groups[choice] if n not in modules]
+        for name in gone:
+            ctx.report.skip(name, f"{choice.label()}: the layer is inside an exported pt2e graph")
+        groups[choice] = [n for n in groups[choice] if n in modules]
     for choice, names in groups.items():
+        if not names:
+            continue
         selected = frozenset(names)
         if choice.precision in _DTYPES:
-            modules = dict(model.named_modules())
             for name in names:
                 _cast_hooks(modules[name], _DTYPES[choice.precision])
                 ctx.report.applied[name] = choice.label()
@@ -116,4 +173,3 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
         for name in names:
             ctx.report.applied[name] = choice.label()
             ctx.report.kernel_paths[name] = f"torchao {type(config).__name__}"
-    return model

@@ -25,6 +25,8 @@ class BuildReport:
     notes: list[str] = field(default_factory=list)
     compiled: bool = False
     build_s: float = 0.0
+    cache: str = "off"
+    """``hit`` (memory or disk), ``miss`` or ``off``: what the compile cache did for this build."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -34,21 +36,40 @@ class BuildReport:
             "notes": list(self.notes),
             "compiled": self.compiled,
             "build_s": round(self.build_s, 3),
+            "cache": self.cache,
         }
+
+    def skip(self, layer: str, why: str) -> None:
+        """Record that a transform left ``layer`` as it was, and why (first reason wins)."""
+        self.applied.pop(layer, None)
+        self.kernel_paths.pop(layer, None)
+        self.skipped.setdefault(layer, why)
 
 
 @dataclass
 class BuildContext:
     """What a transform may use besides the model: calibration inputs (live traffic), example
-    inputs (for export and tracing), and the report it writes to."""
+    inputs (for export and tracing), the report it writes to, the whole recipe (a transform
+    may defer to a later part, as quantization does to the ONNX Runtime backend), and
+    ``state``, where a transform leaves what a later one must know (e.g. that the model is now
+    a pt2e graph that needs freezing when compiled)."""
 
     calibration: list[Example]
     example: Example | None
     report: BuildReport
+    recipe: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def first_input(self) -> Example | None:
+        return self.example if self.example is not None else (
+            self.calibration[0] if self.calibration else None
+        )
 
 
 Transform = Callable[[nn.Module, Any, BuildContext], nn.Module]
+Analysis = Callable[[nn.Module, Any, BuildContext], None]
 _TRANSFORMS: dict[type, Transform] = {}
+_ANALYSES: dict[type, Analysis] = {}
 P = TypeVar("P")
 
 
@@ -60,6 +81,21 @@ def register_transform(part_type: type[P]) -> Callable[[Transform], Transform]:
         return fn
 
     return deco
+
+
+def register_analysis(part_type: type[P]) -> Callable[[Analysis], Analysis]:
+    """Register a look at the untouched eager model that a part needs before any part changes
+    it (shape buckets probe which outputs are token-level before the model is compiled)."""
+
+    def deco(fn: Analysis) -> Analysis:
+        _ANALYSES[part_type] = fn
+        return fn
+
+    return deco
+
+
+def analysis_for(part: Any) -> Analysis | None:
+    return _ANALYSES.get(type(part))
 
 
 def transform_for(part: Any) -> Transform:

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from compiler._errors import RecipeError
+from compiler.parts import Fusion, Kernels, Layout, Partition, ShapeBuckets, only_keys
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 SCHEMES = ("dynamic", "static", "weight_only")
 GRANULARITIES = ("per_tensor", "per_channel")
-BACKENDS = ("eager", "inductor")
+BACKENDS = ("eager", "inductor", "onnxruntime")
 MODES = ("default", "max-autotune")
 DEFAULT_KEY = "_default"
 REGEX_PREFIX = "re:"
@@ -73,7 +74,7 @@ class LayerQuant:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerQuant:
-        _only_keys(data, {"precision", "scheme", "granularity"}, "layer choice")
+        only_keys(data, {"precision", "scheme", "granularity"}, "layer choice")
         return cls(**dict(data))
 
     @classmethod
@@ -167,7 +168,9 @@ class Quantization:
 
 @dataclass(frozen=True)
 class Backend:
-    """How the transformed module runs: eager PyTorch or compiled by Inductor."""
+    """How the transformed module runs: eager PyTorch, compiled by Inductor (``default`` or
+    ``max-autotune``), or exported to ONNX and run by ONNX Runtime (optional: needs the
+    ``onnx`` extra; int8 layers are then quantized by ONNX Runtime's own quantizer)."""
 
     kind: str = "eager"
     mode: str = "default"
@@ -179,24 +182,42 @@ class Backend:
             raise RecipeError(f"backend mode must be one of {MODES}, not {self.mode!r}")
         if self.kind == "eager" and self.mode != "default":
             raise RecipeError("backend mode applies to inductor only")
+        if self.kind == "onnxruntime" and self.mode != "default":
+            raise RecipeError("backend mode applies to inductor only")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "mode": self.mode}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Backend:
-        _only_keys(data, {"kind", "mode"}, "backend")
+        only_keys(data, {"kind", "mode"}, "backend")
         return cls(**dict(data))
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A whole variant: each field is one part, applied by ``compiler.build`` in field order."""
+    """A whole variant: each field is one part.
+
+    ``compiler.build`` applies the parts in :attr:`APPLY_ORDER` (graph rewrites, then
+    precision, then compilation, then the shape-bucket wrapper outermost), not in field order:
+    fields are in the order they were added, which keeps ``to_dict`` (and so the hash) of
+    older recipes unchanged. Parts after ``backend`` are left out of ``to_dict`` while they are
+    at their default.
+    """
 
     quantization: Quantization = field(default_factory=Quantization)
     backend: Backend = field(default_factory=Backend)
+    fusion: Fusion = field(default_factory=Fusion)
+    layout: Layout = field(default_factory=Layout)
+    kernels: Kernels = field(default_factory=Kernels)
+    buckets: ShapeBuckets = field(default_factory=ShapeBuckets)
+    partition: Partition = field(default_factory=Partition)
 
     VERSION: ClassVar[int] = 1
+    ALWAYS_WRITTEN: ClassVar[tuple[str, ...]] = ("quantization", "backend")
+    APPLY_ORDER: ClassVar[tuple[str, ...]] = (
+        "fusion", "layout", "kernels", "quantization", "partition", "backend", "buckets",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -206,16 +227,23 @@ class Recipe:
                 raise RecipeError(f"recipe part {f.name!r} must be {expected.__name__}")
 
     def parts(self) -> list[Any]:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+        """The parts in the order ``build`` applies them."""
+        return [getattr(self, name) for name in self.APPLY_ORDER]
 
     @property
     def is_identity(self) -> bool:
-        return self.quantization.is_identity and self.backend == Backend()
+        return self.quantization.is_identity and all(
+            getattr(self, f.name) == f.default_factory()  # type: ignore[misc]
+            for f in dataclasses.fields(self)
+            if f.name != "quantization"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.VERSION}
         for f in dataclasses.fields(self):
-            out[f.name] = getattr(self, f.name).to_dict()
+            value = getattr(self, f.name)
+            if f.name in self.ALWAYS_WRITTEN or value != f.default_factory():  # type: ignore[misc]
+                out[f.name] = value.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -228,7 +256,7 @@ class Recipe:
         version = data.get("version", cls.VERSION)
         if version != cls.VERSION:
             raise RecipeError(f"recipe version {version!r} is not supported (expected 1)")
-        _only_keys(data, {"version", *_PART_TYPES}, "recipe")
+        only_keys(data, {"version", *_PART_TYPES}, "recipe")
         kwargs = {
             name: _PART_TYPES[name].from_dict(data[name]) for name in _PART_TYPES if name in data
         }
@@ -265,15 +293,20 @@ class Recipe:
                     counts[c.label()] = counts.get(c.label(), 0) + 1
                 head += "+" + ",".join(f"{n} {lbl}" for lbl, n in sorted(counts.items()))
         back = self.backend.kind if self.backend.mode == "default" else f"{self.backend.kind}-max"
-        return f"{head} · {back}"
+        extras = [
+            part.label()
+            for part in (self.fusion, self.layout, self.kernels, self.buckets, self.partition)
+            if part.label()
+        ]
+        return " · ".join([head, back, *extras])
 
 
-_PART_TYPES: dict[str, Any] = {"quantization": Quantization, "backend": Backend}
-
-
-def _only_keys(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
-    if not isinstance(data, Mapping):
-        raise RecipeError(f"{what} must be a JSON object")
-    extra = set(data) - allowed
-    if extra:
-        raise RecipeError(f"unknown {what} field(s): {', '.join(sorted(extra))}")
+_PART_TYPES: dict[str, Any] = {
+    "quantization": Quantization,
+    "backend": Backend,
+    "fusion": Fusion,
+    "layout": Layout,
+    "kernels": Kernels,
+    "buckets": ShapeBuckets,
+    "partition": Partition,
+}

@@ -1,0 +1,218 @@
+"""ONNX Runtime backend (optional): export with ``torch.onnx``, quantize int8 layers with ONNX
+Runtime's own quantizer, serve through an ``InferenceSession`` wrapped as an ``nn.Module``.
+
+The quantization part defers to this backend (``ctx.state["ort_quantization"]``): layers the
+recipe makes int8 are quantized by ``quantize_dynamic`` (dynamic) or ``quantize_static``
+(QDQ, calibrated on the given live inputs), per-channel or per-tensor; every other MatMul/Gemm/
+Conv node is excluded by name. ONNX Runtime takes one scheme and one granularity per model,
+so the first int8 choice (the default's, if any) decides and layers asking otherwise stay
+fp32, with the reason in the report. fp16/bf16 layer choices are not built here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from compiler._errors import BuildError
+from compiler._registry import BuildContext, Example
+from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
+
+_QUANT_OPS = ("MatMul", "Gemm", "Conv")
+
+
+def _flat_inputs(module: nn.Module, example: Example) -> tuple[list[str], list[torch.Tensor]]:
+    args, kwargs = example
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    names, tensors = [], []
+    for name, value in bound.arguments.items():
+        if torch.is_tensor(value):
+            names.append(name)
+            tensors.append(value)
+        elif value is not None:
+            raise BuildError(f"onnxruntime backend: input {name!r} is not a tensor")
+    return names, tensors
+
+
+def export_onnx(module: nn.Module, example: Example) -> tuple[bytes, list[str], Any]:
+    """ONNX bytes (every input dimension dynamic), input names and the output's tree spec."""
+    names, tensors = _flat_inputs(module, example)
+    with torch.no_grad():
+        out = module(*example[0], **example[1])
+    leaves, spec = tree_flatten(out)
+    outputs = [f"output_{i}" for i in range(len(leaves))]
+    axes = {n: {d: f"{n}_{d}" for d in range(t.dim())} for n, t in zip(names, tensors)}
+    axes.update({o: {d: f"{o}_{d}" for d in range(t.dim())} for o, t in zip(outputs, leaves)})
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, tuple(tensors), buf, dynamo=False, input_names=names, output_names=outputs,
+            dynamic_axes=axes, opset_version=17, do_constant_folding=True,
+        )
+    return buf.getvalue(), names, spec
+
+
+def onnx_module_name(node_name: str) -> str:
+    """``/encoder/layer.0/output/dense/MatMul`` -> ``encoder.layer.0.output.dense``;
+    ``/net/net.0/Gemm`` -> ``net.0`` (the TorchScript exporter's scope names)."""
+    parts = node_name.strip("/").split("/")[:-1]
+    out: list[str] = []
+    for i, p in enumerate(parts):
+        if i and p.startswith(parts[i - 1] + "."):
+            p = p[len(parts[i - 1]) + 1 :]
+        out.append(p)
+    return ".".join(out)
+
+
+class _Reader:
+    """ONNX Runtime calibration reader over live inputs."""
+
+    def __init__(self, module: nn.Module, inputs: Sequence[Example]) -> None:
+        self._items = []
+        for ex in inputs:
+            names, tensors = _flat_inputs(module, ex)
+            self._items.append({n: t.detach().cpu().numpy() for n, t in zip(names, tensors)})
+        self._it = iter(self._items)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:
+        self._it = iter(self._items)
+
+
+def _quantize(
+    onnx_bytes: bytes, module: nn.Module, part: Quantization, ctx: BuildContext
+) -> bytes:
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    proto = onnx.load_from_string(onnx_bytes)
+    modules = {n for n, _ in module.named_modules()}
+    by_layer: dict[str, list[str]] = {}
+    for node in proto.graph.node:
+        if node.op_type in _QUANT_OPS:
+            name = onnx_module_name(node.name)
+            by_layer.setdefault(name if name in modules else "", []).append(node.name)
+    default = dict(part.rules).get(DEFAULT_KEY)
+    chosen: LayerQuant | None = default if default is not None and default.precision == "int8" else None
+    include: list[str] = []
+    for layer, nodes in by_layer.items():
+        choice = part.choice_for(layer)[0] if layer else (default or LayerQuant())
+        if choice.precision != "int8":
+            if choice.precision != "fp32" and layer:
+                ctx.report.skip(layer, f"{choice.label()} is not built by the onnxruntime backend")
+            continue
+        if choice.scheme == "weight_only":
+            if layer:
+                ctx.report.skip(layer, "int8 weight-only is not built by the onnxruntime backend")
+            continue
+        chosen = chosen or choice
+        if choice != chosen:
+            if layer:
+                ctx.report.skip(
+                    layer, f"{choice.label()}: ONNX Runtime quantizes a model with one scheme "
+                    f"and granularity ({chosen.label()} here); kept fp32"
+                )
+            continue
+        include.extend(nodes)
+        if layer:
+            ctx.report.applied[layer] = choice.label()
+            ctx.report.kernel_paths[layer] = f"onnxruntime int8 {choice.scheme} (MLAS)"
+    if chosen is None or not include:
+        return onnx_bytes
+    exclude = [n.name for n in proto.graph.node if n.op_type in _QUANT_OPS and n.name not in include]
+    per_channel = chosen.granularity == "per_channel"
+    with tempfile.TemporaryDirectory(prefix="pgc-ort-") as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        src, dst = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.int8.onnx")
+        with open(src, "wb") as fh:
+            fh.write(onnx_bytes)
+        if chosen.scheme == "dynamic":
+            quantize_dynamic(
+                src, dst, per_channel=per_channel, weight_type=QuantType.QInt8,
+                nodes_to_exclude=exclude, op_types_to_quantize=list(_QUANT_OPS),
+            )
+        else:
+            if not ctx.calibration:
+                for layer in list(ctx.report.applied):
+                    ctx.report.skip(layer, "static int8 calibrates on live inputs; none were given")
+                return onnx_bytes
+            reader = _Reader(module, ctx.calibration[:32])
+            CalibrationDataReader.register(_Reader)
+            quantize_static(
+                src, dst, reader, quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                nodes_to_exclude=exclude, op_types_to_quantize=list(_QUANT_OPS),
+            )
+        with open(dst, "rb") as fh:
+            return fh.read()
+
+
+class OrtModule(nn.Module):
+    """An ONNX Runtime session that is called like the module it was exported from."""
+
+    def __init__(self, onnx_bytes: bytes, input_names: list[str], out_spec: Any, threads: int) -> None:
+        super().__init__()
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
+        self.input_names = input_names
+        self.signature: inspect.Signature | None = None
+        self.out_spec = out_spec
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        assert self.signature is not None
+        bound = self.signature.bind(*args, **kwargs)
+        feed = {
+            n: bound.arguments[n].detach().cpu().numpy()
+            for n in self.input_names
+        }
+        outs = self.session.run(None, feed)
+        return tree_unflatten([torch.from_numpy(o) for o in outs], self.out_spec)
+
+
+def to_onnxruntime(model: nn.Module, ctx: BuildContext) -> nn.Module:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise BuildError("the onnxruntime backend needs `pip install pgc[onnx]`") from None
+    example = ctx.first_input()
+    if example is None:
+        raise BuildError("the onnxruntime backend exports the model: give an example input")
+    onnx_bytes, names, spec = export_onnx(model, example)
+    part = ctx.state.get("ort_quantization")
+    if part is not None:
+        onnx_bytes = _quantize(onnx_bytes, model, part, ctx)
+    wrapped = OrtModule(onnx_bytes, names, spec, threads=torch.get_num_threads())
+    wrapped.signature = inspect.signature(model.forward)
+    ctx.report.compiled = True
+    ctx.report.notes.append(f"onnxruntime {onnxruntime_version()} CPU session, all graph optimizations")
+    return wrapped
+
+
+def onnxruntime_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)

@@ -1,0 +1,240 @@
+"""Recipe parts beyond per-layer precision and the backend: fusion, layout, hand-written
+kernels, shape buckets and partition strategy.
+
+Each part is a frozen dataclass validated in ``__post_init__`` (``RecipeError``, a
+``ValueError``) with ``to_dict``/``from_dict`` and one transform registered for its type. Every
+part's default does nothing, and ``Recipe.to_dict`` leaves a part out while it is at its
+default, so recipes written before these parts existed keep their JSON and their hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from compiler._errors import RecipeError
+
+MEMORY_FORMATS = ("contiguous", "channels_last")
+PARTITION_STRATEGIES = ("latency", "memory")
+LINEAR_KERNELS = ("default", "triton")
+MAX_BUCKETS = 16
+
+
+def only_keys(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"{what} must be a JSON object")
+    extra = set(data) - allowed
+    if extra:
+        raise RecipeError(f"unknown {what} field(s): {', '.join(sorted(extra))}")
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise RecipeError(f"{name} must be true or false, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Operator fusions done before quantization and compilation.
+
+    ``conv_bn`` folds an eval-mode BatchNorm into the convolution before it (exact up to
+    rounding); ``conv_bn_relu`` also runs the ReLU after it inside the convolution's kernel
+    (needs ``conv_bn``); ``linear_act`` runs a Linear and the activation after it (ReLU, GELU,
+    SiLU, tanh) as one kernel. Which kernel does the fused work depends on the machine and the
+    backend and is written to the build report (Inductor fuses epilogues itself; eager on x86
+    uses oneDNN's fused pointwise kernels where they measure faster).
+    """
+
+    conv_bn: bool = False
+    conv_bn_relu: bool = False
+    linear_act: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("conv_bn", "conv_bn_relu", "linear_act"):
+            _bool(getattr(self, name), f"fusion.{name}")
+        if self.conv_bn_relu and not self.conv_bn:
+            raise RecipeError("fusion.conv_bn_relu needs conv_bn (the BatchNorm is folded first)")
+
+    @property
+    def is_identity(self) -> bool:
+        return not (self.conv_bn or self.conv_bn_relu or self.linear_act)
+
+    def label(self) -> str:
+        names = [n for n in ("conv_bn", "conv_bn_relu", "linear_act") if getattr(self, n)]
+        return "fuse:" + "+".join(names) if names else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conv_bn": self.conv_bn, "conv_bn_relu": self.conv_bn_relu, "linear_act": self.linear_act}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fusion:
+        only_keys(data, {"conv_bn", "conv_bn_relu", "linear_act"}, "fusion")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Memory format of 4-D activations and convolution weights: ``contiguous`` (NCHW) or
+    ``channels_last`` (NHWC, what oneDNN and cuDNN convolutions prefer). Inputs are converted
+    on the way in; outputs come back in whatever format the last layer produced (values are
+    the same)."""
+
+    memory_format: str = "contiguous"
+
+    def __post_init__(self) -> None:
+        if self.memory_format not in MEMORY_FORMATS:
+            raise RecipeError(
+                f"layout must be one of {MEMORY_FORMATS}, not {self.memory_format!r}"
+            )
+
+    @property
+    def is_identity(self) -> bool:
+        return self.memory_format == "contiguous"
+
+    def label(self) -> str:
+        return "" if self.is_identity else self.memory_format
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"memory_format": self.memory_format}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Layout:
+        only_keys(data, {"memory_format"}, "layout")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Hand-written kernels to use where they apply.
+
+    ``linear="triton"``: on a CUDA device, layers the quantization part makes int8 weight-only
+    run pgc's fused Triton kernel (int8 weights dequantized in registers inside the matmul,
+    bias and a following ReLU/GELU fused into its epilogue). Elsewhere (no CUDA, no Triton)
+    the layers keep the default path and the report says why; Triton is never imported on a
+    CPU build.
+    """
+
+    linear: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.linear not in LINEAR_KERNELS:
+            raise RecipeError(f"kernels.linear must be one of {LINEAR_KERNELS}, not {self.linear!r}")
+
+    @property
+    def is_identity(self) -> bool:
+        return self.linear == "default"
+
+    def label(self) -> str:
+        return "" if self.is_identity else f"{self.linear}-linear"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"linear": self.linear}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Kernels:
+        only_keys(data, {"linear"}, "kernels")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """Pad variable-length inputs up to the nearest bucket so that a compiled variant sees a
+    few shapes only (one compile per bucket, not per length).
+
+    ``sizes`` are the bucket lengths, increasing (empty: off); ``dim`` the axis that varies
+    (1: the sequence of ``[batch, seq]`` token inputs); ``pad_value`` what padding holds (0:
+    BERT's ``[PAD]`` id and "masked" in an attention mask, so padded tokens are ignored by a
+    model that honours its mask). Every tensor input whose ``dim`` has the same length as the
+    first tensor input's is padded. Outputs come back unpadded: token-level outputs (those
+    whose ``dim`` follows the input length) are cut back to the input length; pooled outputs
+    are returned as they are. Inputs longer than the largest bucket run unpadded.
+    """
+
+    sizes: tuple[int, ...] = ()
+    dim: int = 1
+    pad_value: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = self.sizes
+        if isinstance(sizes, list):
+            sizes = tuple(sizes)
+            object.__setattr__(self, "sizes", sizes)
+        if not isinstance(sizes, tuple) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in sizes
+        ):
+            raise RecipeError(f"buckets.sizes must be a list of integers, not {self.sizes!r}")
+        if any(s <= 0 for s in sizes):
+            raise RecipeError("bucket sizes must be positive")
+        if list(sizes) != sorted(set(sizes)):
+            raise RecipeError(f"bucket sizes must be strictly increasing, not {list(sizes)}")
+        if len(sizes) > MAX_BUCKETS:
+            raise RecipeError(f"at most {MAX_BUCKETS} buckets (each one is a compile)")
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 0:
+            raise RecipeError(f"buckets.dim must be a non-negative integer, not {self.dim!r}")
+        if not isinstance(self.pad_value, int) or isinstance(self.pad_value, bool):
+            raise RecipeError(f"buckets.pad_value must be an integer, not {self.pad_value!r}")
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.sizes
+
+    def bucket_for(self, length: int) -> int | None:
+        """The smallest bucket that holds ``length`` (None: longer than every bucket)."""
+        for size in self.sizes:
+            if size >= length:
+                return size
+        return None
+
+    def label(self) -> str:
+        return "" if self.is_identity else "buckets " + "/".join(str(s) for s in self.sizes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sizes": list(self.sizes), "dim": self.dim, "pad_value": self.pad_value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShapeBuckets:
+        only_keys(data, {"sizes", "dim", "pad_value"}, "buckets")
+        kwargs = dict(data)
+        if "sizes" in kwargs:
+            if not isinstance(kwargs["sizes"], (list, tuple)):
+                raise RecipeError("buckets.sizes must be a list of integers")
+            kwargs["sizes"] = tuple(kwargs["sizes"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """How a compiled variant trades memory for latency.
+
+    ``latency``: the whole model is one compiled graph with frozen, prepacked weights (fastest;
+    the prepacked copies cost memory). ``memory``: each repeated block (e.g. every transformer
+    layer) is compiled on its own without freezing, so the weights stay the module's own
+    parameters (no prepacked copies), identical blocks share one compiled kernel set and
+    compile time drops; glue between blocks runs eagerly. Graphs that exist only whole (a
+    pt2e-quantized model) are compiled whole either way, and the report says so.
+    """
+
+    strategy: str = "latency"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in PARTITION_STRATEGIES:
+            raise RecipeError(
+                f"partition must be one of {PARTITION_STRATEGIES}, not {self.strategy!r}"
+            )
+
+    @property
+    def is_identity(self) -> bool:
+        return self.strategy == "latency"
+
+    def label(self) -> str:
+        return "" if self.is_identity else "memory"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Partition:
+        only_keys(data, {"strategy"}, "partition")
+        return cls(**dict(data))
