@@ -11,9 +11,11 @@ current module keeps serving.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import threading
 import time
+import collections
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,8 @@ VERIFY_INPUTS = 32
 WARM_SHAPES = 8
 CALIBRATION_INPUTS = 32
 MIN_CANARY_CALLS = 20
+KEEP_BUILT = 3
+SWAPPER_NICE = 10
 
 
 class DeployFailed(Exception):
@@ -45,7 +49,8 @@ class Swapper:
         self.served = served
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"pgc-swapper-{served.name}", daemon=True)
-        self.previous: Slot | None = None
+        self._built: collections.OrderedDict[int, Slot] = collections.OrderedDict()
+        self._refs: tuple[int, list[Any], list[Any]] | None = None
         self.busy = threading.Event()
         self.deployments_done = 0
 
@@ -62,6 +67,7 @@ class Swapper:
     def _loop(self) -> None:
         served = self.served
         backoff = served.settings.poll_s
+        _lower_priority()
         while not self._stop.is_set():
             try:
                 if served.model_id is None:
@@ -145,20 +151,27 @@ class Swapper:
             if reuse is not None and source == "rollback":
                 self._finish_rollback(dep_id, reuse, current)
                 return
-            self._transition(dep_id, "building", f"building {variant.label}")
-            built = self._build(variant.recipe)
-            self._transition(
-                dep_id,
-                "warming",
-                f"built in {built.report.build_s:.1f}s; warming up",
-                build_s=built.report.build_s,
-            )
-            examples = self._warm_examples()
-            warm_s = warm(built, examples)
-            self._transition(
-                dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
-            )
-            slot = self._slot_for(built, variant.id, variant.label, dep_id)
+            if reuse is not None:
+                self._transition(dep_id, "building", f"{variant.label} is built already")
+                self._transition(dep_id, "warming", "warm already", build_s=0.0)
+                self._transition(dep_id, "verifying", "verifying fidelity", warm_s=0.0)
+                slot = _replace(reuse, deployment_id=dep_id, control=None)
+            else:
+                self._transition(dep_id, "building", f"building {variant.label}")
+                built = self._build(variant.recipe)
+                self._transition(
+                    dep_id,
+                    "warming",
+                    f"built in {built.report.build_s:.1f}s; warming up",
+                    build_s=built.report.build_s,
+                )
+                examples = self._warm_examples()
+                warm_s = warm(built, examples)
+                self._transition(
+                    dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
+                )
+                slot = self._slot_for(built, variant.id, variant.label, dep_id)
+                self._remember(slot)
         except DeployFailed as exc:
             self._fail(dep_id, str(exc))
             return
@@ -207,7 +220,6 @@ class Swapper:
             log.warning("rolled back %s: %s", label, reason)
             return False
         served.swap(slot)
-        self.previous = previous
         with served.store().session() as sess:
             if previous.deployment_id is not None:
                 prev = st.repo.get_deployment(sess, previous.deployment_id)
@@ -235,12 +247,21 @@ class Swapper:
             st.repo.add_event(sess, self.served.model_id, "deploy_failed", reason, level="warning")
 
     def _module_in_memory(self, variant_id: int) -> Slot | None:
+        """A warm module for this variant, if one was built recently (or is the base)."""
         served = self.served
         if variant_id == served.baseline_variant_id:
             return served.base_slot()
-        if self.previous is not None and self.previous.variant_id == variant_id:
-            return self.previous
-        return None
+        return self._built.get(variant_id)
+
+    def _remember(self, slot: Slot) -> None:
+        """Keep the last few built variants warm, so going back and forth between them (a
+        rollback, an operator's A/B) swaps in milliseconds instead of recompiling."""
+        if slot.variant_id is None:
+            return
+        self._built[slot.variant_id] = slot
+        self._built.move_to_end(slot.variant_id)
+        while len(self._built) > KEEP_BUILT:
+            self._built.popitem(last=False)
 
     def _finish_rollback(self, dep_id: int, target: Slot, current: Slot) -> None:
         served = self.served
@@ -259,7 +280,6 @@ class Swapper:
                 previous_variant_id=current.variant_id,
             )
             st.repo.add_event(sess, served.model_id, "rollback", f"rolled back to {target.label}")
-        self.previous = current
 
     def _build(self, recipe_data: dict[str, Any]) -> BuiltVariant:
         recipe = Recipe.from_dict(recipe_data)
@@ -281,11 +301,18 @@ class Swapper:
         return list(by_shape.values())[:WARM_SHAPES]
 
     def _verify(self, module: torch.nn.Module, min_fidelity: float) -> float:
+        """Fidelity of ``module`` against the base on live inputs; the base's outputs are
+        computed once per reservoir version (they are the same for every candidate)."""
         served = self.served
-        samples = served.reservoir.snapshot()[:VERIFY_INPUTS]
+        version = served.reservoir.version
+        if self._refs is None or self._refs[0] != version:
+            samples = served.reservoir.snapshot()[:VERIFY_INPUTS]
+            with torch.inference_mode():
+                refs = [served.base(*a, **k) for a, k in samples]
+            self._refs = (version, samples, refs)
+        _, samples, refs = self._refs
         metric = served.metric or "sqnr"
         with torch.inference_mode():
-            refs = [served.base(*a, **k) for a, k in samples]
             outs = [module(*a, **k) for a, k in samples]
         score = fidelity(metric, refs, outs)
         if score < min_fidelity:
@@ -362,6 +389,16 @@ class Swapper:
                 )
             notes.append(f"shadow {metric} {live_fid:.4f} on {len(shadow_scores)} inputs")
         return True, "canary passed: " + "; ".join(notes), live
+
+
+def _lower_priority() -> None:
+    """Run this thread (and the compiler processes it starts) at a lower CPU priority than
+    the serving threads: building, compiling and verifying must not take the cores from
+    requests. Linux applies nice values per thread; elsewhere this does nothing."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SWAPPER_NICE)
+    except (AttributeError, OSError):
+        log.debug("could not lower the swapper's priority", exc_info=True)
 
 
 def _replace(slot: Slot, **changes: Any) -> Slot:

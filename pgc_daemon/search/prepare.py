@@ -42,7 +42,9 @@ def timing_inputs_for(
 def offline_profile(model: nn.Module, inputs: Sequence[Example], rounds: int = 3) -> list[dict[str, Any]]:
     """Per-layer shares from profiling every call on ``inputs`` (what live sampling gives a
     served model), through the same profiler code."""
-    prof = Profiler(ProfilerConfig(sample_every=1, window_s=3600))
+    prof = Profiler(
+        ProfilerConfig(sample_every=1, budget=None, window_s=3600, host_interval_s=None)
+    )
     prof.watch(model)
     import time
 
@@ -55,7 +57,7 @@ def offline_profile(model: nn.Module, inputs: Sequence[Example], rounds: int = 3
                 t0 = time.perf_counter_ns()
                 model(*args, **kwargs)
                 prof.end(token, None, args, kwargs, time.perf_counter_ns() - t0)
-    window = prof.aggregator.close()
+    window = prof.close_window(wait=True)
     totals: dict[str, dict[str, Any]] = {}
     for row in window.layers:
         acc = totals.setdefault(row["layer"], {"layer": row["layer"], "op_type": row["op_type"], "total": 0.0, "count": 0})

@@ -56,6 +56,10 @@ class TrialRecord:
     duration_s: float = 0.0
     duplicate: bool = False
     timing: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per step: build, warm (compiles), quick and full accuracy, timing."""
+    quick_drop: float | None = None
+    """The drop on the quick accuracy check (a few inputs), before timing."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,10 +98,21 @@ def study_name(model: str, graph_hash: str, hardware: str, policy: Policy, shape
     return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{key}"
 
 
-def open_study(name: str, storage: str | None, seed: int = 0) -> optuna.Study:
+def default_sampler(seed: int = 0) -> optuna.samplers.BaseSampler:
+    """TPE, multivariate (layer choices interact), few random start-up trials since the
+    enqueued baselines already cover the obvious points. Constraints are set on each trial
+    (``Trial.set_constraint``) and TPE reads them."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
+
+
+def open_study(
+    name: str,
+    storage: str | None,
+    seed: int = 0,
+    sampler: optuna.samplers.BaseSampler | None = None,
+) -> optuna.Study:
     """Create or load a study (``storage=None``: in memory, for one-shot offline runs)."""
-    # Constraints are set on each trial (``Trial.set_constraint``); TPE reads them.
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
+    sampler = sampler or default_sampler(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(
@@ -140,7 +155,11 @@ class Search:
         on_trial: Callable[[TrialRecord, int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         max_timing_s: float = 20.0,
+        sampler: optuna.samplers.BaseSampler | None = None,
+        evaluate: Callable[[int, dict[str, Any], Recipe], TrialRecord] | None = None,
     ) -> None:
+        """``sampler`` and ``evaluate`` replace TPE and the real build-and-measure step (the
+        search benchmark replays strategies over a table of real measurements with them)."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -148,7 +167,8 @@ class Search:
         self.timing_inputs = list(timing_inputs)
         self.calibration = list(calibration)[:CALIBRATION_INPUTS]
         self.name = name
-        self.study = open_study(name, storage, seed)
+        self.study = open_study(name, storage, seed, sampler)
+        self.evaluate = evaluate or self._evaluate
         self.on_trial = on_trial
         self.should_stop = should_stop or (lambda: False)
         self.max_timing_s = max_timing_s
@@ -189,7 +209,7 @@ class Search:
                 rec = TrialRecord(**{**prior.to_dict(), "number": trial.number, "duplicate": True})
                 self._tell(trial, rec)
                 continue
-            rec = self._evaluate(trial.number, trial.params, recipe)
+            rec = self.evaluate(trial.number, trial.params, recipe)
             self._tell(trial, rec)
             seen[rec.recipe_hash] = rec
             records.append(rec)
@@ -229,17 +249,28 @@ class Search:
         )
         policy = self.policy
         variant = None
+        phases = rec.phases
         try:
+            t = time.monotonic()
             example = self.calibration[0] if self.calibration else None
             variant = build(self.base, recipe, calibration=self.calibration, example=example)
+            phases["build"] = time.monotonic() - t
+            t = time.monotonic()
             warm(variant, self.timing_inputs[:1], rounds=1)
+            phases["warm"] = time.monotonic() - t
+            t = time.monotonic()
             quick = self.evaluator.score(variant.module, QUICK_INPUTS)
-            if quick.drop > 2 * policy.max_accuracy_drop + 0.01:
+            phases["quick"] = time.monotonic() - t
+            rec.quick_drop = quick.drop
+            if quick.drop > prune_threshold(policy):
                 rec.state, rec.fidelity, rec.drop = "pruned", quick.fidelity, quick.drop
                 rec.message = f"pruned before timing: drop {quick.drop:.4f} on {quick.n} inputs"
                 return rec
+            t = time.monotonic()
             full = self.evaluator.score(variant.module)
+            phases["full"] = time.monotonic() - t
             rec.fidelity, rec.drop = full.fidelity, full.drop
+            t = time.monotonic()
             timing = interleaved(
                 self.base,
                 variant.module,
@@ -248,6 +279,7 @@ class Search:
                 max_seconds=self.max_timing_s,
                 seed=self.seed + number,
             )
+            phases["timing"] = time.monotonic() - t
             pct = policy.latency_percentile
             rec.ratio = timing.ratio
             rec.speedup = timing.speedup
@@ -331,6 +363,12 @@ class Search:
         rec.feasible = all(v <= 0.0 for v in self._constraints(rec).values())
         rec.violation = _normalized_violation(rec, self.policy)
         return rec
+
+
+def prune_threshold(policy: Policy) -> float:
+    """A quick accuracy check (a few inputs) prunes a trial before it is timed when its drop
+    is past twice the budget plus a margin for the small sample: clearly infeasible."""
+    return 2 * policy.max_accuracy_drop + 0.01
 
 
 def _normalized_violation(rec: TrialRecord, policy: Policy) -> float:

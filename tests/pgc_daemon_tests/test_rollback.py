@@ -91,6 +91,7 @@ def test_a_variant_inaccurate_on_live_inputs_fails_the_shadow_check(mlp_spec: di
     try:
         with Load(served, mlp_spec["model"], inputs, threads=2) as load:
             wait_for(lambda: load.calls > 20, what="traffic")
+            wait_for(lambda: served.metric == "top1", what="the metric chosen from live outputs")
             control = served.slot
             candidate = Slot(broken, 999, "scrambled", True, None)
             served.swap(Slot(broken, 999, "scrambled", True, None, control=control))

@@ -1,0 +1,204 @@
+"""Does hot-swapping hurt live requests?
+
+All-MiniLM-L6-v2 (batch 1, 128 tokens) served through ``pgc_daemon.attach`` under concurrent
+load from client threads. Two compiled int8 variants of similar speed are deployed once (built
+and compiled), then:
+
+1. steady state: requests on the active variant with no deployment in flight;
+2. swaps: 20 deployments alternating between the two variants through the real path
+   (store -> swapper -> verify on live inputs -> A/B canary -> active), under the same load.
+
+Reported: request count, failures, p50/p99 in each phase and their ratio, and the swaps' own
+timings. Both phases are measured in this one run.
+
+    python bench/hotswap.py [--swaps 20] [--clients 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import store as st  # noqa: E402
+from compiler import Backend, Quantization, Recipe  # noqa: E402
+from pgc_daemon import attach  # noqa: E402
+from pgc_daemon.examples import minilm  # noqa: E402
+from pgc_daemon.settings import Settings  # noqa: E402
+
+A = Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}), backend=Backend("inductor"))
+B = Recipe(
+    quantization=Quantization.of(
+        {"_default": "int8-dynamic-pc", "encoder.encoder.layer.0.output.dense": "fp32"}
+    ),
+    backend=Backend("inductor"),
+)
+
+
+class Clients:
+    """Client threads sending requests back to back (with a small think time), recording the
+    latency each one saw and every exception."""
+
+    def __init__(self, served: Any, n: int, think_s: float) -> None:
+        self.served = served
+        self.samples: list[tuple[float, float]] = []  # (finished at, latency ms)
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.think_s = think_s
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
+
+    def _run(self, i: int) -> None:
+        stream = minilm.traffic(seed=500 + i)
+        while not self.stop.is_set():
+            ids, mask = next(stream)
+            t0 = time.perf_counter()
+            try:
+                out = self.served(ids, mask)
+                if out.shape != (1, 384) or not torch.isfinite(out).all():
+                    raise ValueError("bad output")
+                ms = (time.perf_counter() - t0) * 1e3
+                with self.lock:
+                    self.samples.append((time.monotonic(), ms))
+            except Exception as exc:  # noqa: BLE001 - a benchmark counts failures
+                with self.lock:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+            self.stop.wait(self.think_s)
+
+    def between(self, t0: float, t1: float) -> list[float]:
+        with self.lock:
+            return [ms for at, ms in self.samples if t0 <= at < t1]
+
+
+def deploy(store: st.Store, recipe: Recipe) -> int:
+    with store.session() as s:
+        m = st.repo.get_model(s, "minilm")
+        v = st.repo.get_or_create_variant(s, m.id, recipe.hash, recipe.to_dict(), recipe.label())
+        return st.repo.create_deployment(s, m.id, v.id, source="manual", reason="bench").id
+
+
+def wait_done(store: st.Store, dep: int, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with store.session() as s:
+            state = st.repo.get_deployment(s, dep).state
+        if state in ("active", "failed", "rolled_back"):
+            return state
+        time.sleep(0.1)
+    return "timeout"
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--swaps", type=int, default=20)
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--think-ms", type=float, default=20.0)
+    ap.add_argument("--steady-s", type=float, default=40.0)
+    ap.add_argument("--canary-s", type=float, default=2.0)
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = ap.parse_args()
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    tmp = tempfile.mkdtemp(prefix="pgc-hotswap-")
+    settings = Settings(store_url=f"sqlite:///{tmp}/pgc.db", work_dir=f"{tmp}/work", poll_s=0.1)
+    store = st.open_store(settings.store_url)
+    served = attach(
+        minilm.load_model(), name="minilm", settings=settings, metric="cosine",
+        policy={"canary_s": args.canary_s, "canary_latency_tolerance": 0.5, "canary_shadow_samples": 4},
+    )
+    clients = Clients(served, args.clients, args.think_ms / 1e3)
+    for t in clients.threads:
+        t.start()
+    swaps: list[dict[str, Any]] = []
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            prep = progress.add_task("building and compiling both variants", total=2)
+            while served.model_id is None or len(served.reservoir) < 8:
+                time.sleep(0.2)
+            for recipe in (B, A):  # both built and warm; A serves at the end
+                state = wait_done(store, deploy(store, recipe))
+                if state != "active":
+                    raise SystemExit(f"could not deploy {recipe.label()}: {state}")
+                progress.advance(prep)
+            steady = progress.add_task("steady state", total=int(args.steady_s))
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < args.steady_s:
+                time.sleep(1)
+                progress.advance(steady)
+            t1 = time.monotonic()
+            task = progress.add_task("swapping", total=args.swaps)
+            for i in range(args.swaps):
+                recipe = B if i % 2 == 0 else A
+                started = time.monotonic()
+                dep = deploy(store, recipe)
+                state = wait_done(store, dep)
+                with store.session() as s:
+                    d = st.repo.get_deployment(s, dep)
+                    swaps.append({"state": state, "swap_ms": d.swap_ms, "seconds": time.monotonic() - started,
+                                  "reason": d.reason})
+                progress.advance(task)
+            t2 = time.monotonic()
+    finally:
+        clients.stop.set()
+        for t in clients.threads:
+            t.join(timeout=10)
+        served.close()
+    steady_ms = clients.between(t0, t1)
+    swap_ms = clients.between(t1, t2)
+    out = {
+        "requests": len(clients.samples) + len(clients.failures),
+        "failed": len(clients.failures),
+        "swaps": len(swaps),
+        "swaps_active": sum(s["state"] == "active" for s in swaps),
+        "steady_requests": len(steady_ms),
+        "steady_p50_ms": pct(steady_ms, 50),
+        "steady_p99_ms": pct(steady_ms, 99),
+        "swap_requests": len(swap_ms),
+        "swap_p50_ms": pct(swap_ms, 50),
+        "swap_p99_ms": pct(swap_ms, 99),
+        "swap_reference_ms_max": max((s["swap_ms"] or 0) for s in swaps) if swaps else None,
+        "deploy_seconds_median": statistics.median(s["seconds"] for s in swaps) if swaps else None,
+        "clients": args.clients,
+        "first_failures": clients.failures[:3],
+    }
+    out["p99_ratio"] = out["swap_p99_ms"] / out["steady_p99_ms"]
+    table = Table(title=f"hot-swap under load: MiniLM, {args.clients} clients, {len(swaps)} swaps")
+    for col in ("phase", "requests", "failed", "p50 ms", "p99 ms"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    table.add_row("steady state", str(out["steady_requests"]), "-", f"{out['steady_p50_ms']:.2f}", f"{out['steady_p99_ms']:.2f}")
+    table.add_row("during swaps", str(out["swap_requests"]), "-", f"{out['swap_p50_ms']:.2f}", f"{out['swap_p99_ms']:.2f}")
+    table.add_row("all", str(out["requests"]), str(out["failed"]), "", "")
+    console.print(table)
+    console.print(
+        f"p99 during swaps / steady: {out['p99_ratio']:.2f}x · {out['swaps_active']}/{out['swaps']} swaps active · "
+        f"reference swap at most {out['swap_reference_ms_max']:.3f} ms · a deployment takes "
+        f"{out['deploy_seconds_median']:.1f} s (verify + {args.canary_s:.0f} s canary)"
+    )
+    if args.json:
+        print(json.dumps(out), flush=True)
+    return 0 if out["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
