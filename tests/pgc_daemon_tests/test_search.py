@@ -1,0 +1,90 @@
+"""The search itself: the policy's pick, infeasible outcomes, and the traffic shape deciding
+where candidates are measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from compiler import Recipe
+from pgc_daemon.policy import Policy
+from pgc_daemon.search.prepare import make_search, offline_profile, timing_inputs_for
+from pgc_daemon.search.study import TrialRecord, pareto_front, pick, shape_signature, study_name
+
+
+def _rec(label: str, ratio: float, drop: float, feasible: bool = True) -> TrialRecord:
+    return TrialRecord(number=0, state="complete", params={}, recipe={}, recipe_hash=label,
+                       label=label, ratio=ratio, speedup=1 / ratio, drop=drop, feasible=feasible)
+
+
+def test_pick_takes_the_fastest_feasible_and_breaks_near_ties_by_accuracy() -> None:
+    a, b, c = _rec("a", 0.40, 0.008), _rec("b", 0.405, 0.002), _rec("c", 0.30, 0.05, feasible=False)
+    assert pick([a, b, c], Policy()) is b  # within 2% of the fastest: the more accurate one
+    assert pick([a, c], Policy()) is a
+    assert pick([c], Policy()) is None
+    accurate = Policy(objective="most_accurate", latency_target_ms=10)
+    assert pick([a, b], accurate) is b
+
+
+def test_pareto_front() -> None:
+    a, b, c = _rec("a", 0.4, 0.01), _rec("b", 0.5, 0.001), _rec("c", 0.6, 0.02)
+    assert pareto_front([a, b, c]) == [a, b]
+
+
+def test_study_names_follow_policy_and_traffic_shape() -> None:
+    p = Policy()
+    base = study_name("m", "h" * 64, "cpu-x", p, "b1 s128")
+    assert base == study_name("m", "h" * 64, "cpu-x", Policy(), "b1 s128")
+    assert base != study_name("m", "h" * 64, "cpu-x", Policy(max_accuracy_drop=0.02), "b1 s128")
+    assert base != study_name("m", "h" * 64, "cpu-x", p, "b8 s128")
+    assert base != study_name("m", "g" * 64, "cpu-x", p, "b1 s128")
+
+
+def test_shape_signature_ignores_rare_shapes() -> None:
+    assert shape_signature({"b1 s128": 90, "b8 s128": 10}) == "b1 s128"
+    assert shape_signature({"b1 s128": 50, "b8 s128": 50}) == "b1 s128|b8 s128"
+    assert shape_signature({}) == ""
+
+
+def test_timing_inputs_follow_the_traffic_histogram() -> None:
+    small = [((torch.zeros(1, 4),), {})] * 10
+    big = [((torch.zeros(8, 4),), {})] * 10
+    chosen = timing_inputs_for(small + big, {"b1 4": 75, "b8 4": 25}, n=8)
+    batches = [ex[0][0].shape[0] for ex in chosen]
+    assert batches.count(1) == 6 and batches.count(8) == 2
+
+
+@pytest.mark.slow
+def test_the_same_model_under_different_traffic_gets_a_different_variant(mlp_spec: dict[str, Any]) -> None:
+    """At batch 64 int8 with Inductor pays on this MLP; one request at a time nothing beats
+    fp32 eager (compiled code's call overhead outweighs the arithmetic it saves)."""
+    model = mlp_spec["model"]
+    batch64 = [(a, {}) for a in mlp_spec["example_inputs"]]
+    batch1 = [((a[0][i : i + 1],), {}) for a in mlp_spec["example_inputs"][:2] for i in range(16)]
+    chosen = {}
+    for name, inputs in (("b1", batch1), ("b64", batch64)):
+        search = make_search(
+            base=model, inputs=inputs, profile=offline_profile(model, inputs), name=f"traffic-{name}",
+            policy=Policy(max_trials=3, max_accuracy_drop=0.02), storage=None, metric="top1",
+        )
+        result = search.run(3)
+        assert result.chosen is not None
+        chosen[name] = result.chosen
+    assert chosen["b64"].label != chosen["b1"].label
+    assert chosen["b64"].speedup > 1.3
+    assert chosen["b1"].recipe == Recipe().to_dict() or chosen["b1"].speedup < chosen["b64"].speedup
+
+
+def test_a_budget_nothing_meets_reports_the_closest_and_chooses_nothing(mlp_spec: dict[str, Any]) -> None:
+    model = mlp_spec["model"]
+    inputs = [(a, {}) for a in mlp_spec["example_inputs"]]
+    # a latency target no variant can meet on this machine
+    policy = Policy(max_trials=2, latency_target_ms=1e-6)
+    search = make_search(base=model, inputs=inputs, profile=[], name="hopeless", policy=policy,
+                         storage=None, metric="top1")
+    result = search.run(2)
+    assert result.chosen is None and not result.feasible
+    assert result.closest and "no feasible variant" in result.message
+    assert all(r.state == "complete" for r in result.closest)
