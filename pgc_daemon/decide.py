@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import store as st
-from compiler import Recipe
+from pgc_daemon.operations import busy_deployment
 from pgc_daemon.policy import Policy
 from pgc_daemon.search.study import TrialRecord
-
-BASELINE_HASH = Recipe().hash
+from pgc_daemon.status import BASELINE_HASH
 
 
 def measured_speedup(s: Any, model_id: int, deployment: st.Deployment | None) -> float:
@@ -41,15 +40,11 @@ def propose(
             s, model_id, chosen.recipe_hash, chosen.recipe, chosen.label
         )
         active = st.repo.active_deployment(s, model_id)
-        busy = [
-            d
-            for d in st.repo.list_deployments(s, model_id, limit=20)
-            if d.state == "candidate" or d.state in st.repo.IN_FLIGHT
-        ]
+        busy = busy_deployment(s, model_id)
         now = measured_speedup(s, model_id, active)
         reason = None
-        if busy:
-            reason = f"deployment {busy[0].id} is still {busy[0].state}"
+        if busy is not None:
+            reason = f"deployment {busy.id} is still {busy.state}"
         elif active is not None and active.variant_id == variant.id:
             reason = f"{chosen.label} is already serving"
         elif (chosen.speedup or 0.0) < now * policy.min_speedup:
