@@ -95,6 +95,13 @@ class _Reader:
 def _quantize(
     onnx_bytes: bytes, module: nn.Module, part: Quantization, ctx: BuildContext
 ) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="pgc-ort-") as tmp:
+        return _quantize_in(tmp, onnx_bytes, module, part, ctx)
+
+
+def _quantize_in(
+    tmp: str, onnx_bytes: bytes, module: nn.Module, part: Quantization, ctx: BuildContext
+) -> bytes:
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -104,13 +111,30 @@ def _quantize(
         quantize_static,
     )
 
-    proto = onnx.load_from_string(onnx_bytes)
+    src, dst = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.int8.onnx")
+    with open(src, "wb") as fh:
+        fh.write(onnx_bytes)
+    try:  # shape inference and graph clean-up, as ONNX Runtime's quantizer advises
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        pre = os.path.join(tmp, "model.pre.onnx")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quant_pre_process(src, pre, skip_symbolic_shape=True)
+        src = pre
+    except Exception:  # noqa: BLE001 - quantize the exported graph as it is
+        pass
+    proto = onnx.load(src)
     modules = {n for n, _ in module.named_modules()}
     by_layer: dict[str, list[str]] = {}
+    conv_layers: set[str] = set()
     for node in proto.graph.node:
         if node.op_type in _QUANT_OPS:
             name = onnx_module_name(node.name)
-            by_layer.setdefault(name if name in modules else "", []).append(node.name)
+            name = name if name in modules else ""
+            by_layer.setdefault(name, []).append(node.name)
+            if node.op_type == "Conv":
+                conv_layers.add(name)
     default = dict(part.rules).get(DEFAULT_KEY)
     chosen: LayerQuant | None = default if default is not None and default.precision == "int8" else None
     include: list[str] = []
@@ -123,6 +147,10 @@ def _quantize(
         if choice.scheme == "weight_only":
             if layer:
                 ctx.report.skip(layer, "int8 weight-only is not built by the onnxruntime backend")
+            continue
+        if choice.scheme == "dynamic" and layer in conv_layers:
+            if layer and part.choice_for(layer)[1] not in (None, DEFAULT_KEY):
+                ctx.report.skip(layer, "int8 dynamic is for Linear layers (as on the torch path)")
             continue
         chosen = chosen or choice
         if choice != chosen:
@@ -140,11 +168,8 @@ def _quantize(
         return onnx_bytes
     exclude = [n.name for n in proto.graph.node if n.op_type in _QUANT_OPS and n.name not in include]
     per_channel = chosen.granularity == "per_channel"
-    with tempfile.TemporaryDirectory(prefix="pgc-ort-") as tmp, warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        src, dst = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.int8.onnx")
-        with open(src, "wb") as fh:
-            fh.write(onnx_bytes)
         if chosen.scheme == "dynamic":
             quantize_dynamic(
                 src, dst, per_channel=per_channel, weight_type=QuantType.QInt8,
@@ -162,8 +187,30 @@ def _quantize(
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                 nodes_to_exclude=exclude, op_types_to_quantize=list(_QUANT_OPS),
             )
-        with open(dst, "rb") as fh:
-            return fh.read()
+    done = _quantized_nodes(onnx.load(dst))
+    for layer, nodes in by_layer.items():
+        if layer in ctx.report.applied and not any(d.startswith(n) for n in nodes for d in done):
+            ctx.report.skip(layer, "ONNX Runtime's quantizer left it float")
+    with open(dst, "rb") as fh:
+        return fh.read()
+
+
+_INTEGER_OPS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul"}
+
+
+def _quantized_nodes(proto: Any) -> set[str]:
+    """Names of the nodes that really run int8: integer ops, or a MatMul/Gemm/Conv whose
+    weight comes out of a DequantizeLinear (QDQ format)."""
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    done = set()
+    for node in proto.graph.node:
+        if node.op_type in _INTEGER_OPS:
+            done.add(node.name)
+        elif node.op_type in _QUANT_OPS and len(node.input) > 1:
+            src = producer.get(node.input[1])
+            if src is not None and src.op_type == "DequantizeLinear":
+                done.add(node.name)
+    return done
 
 
 class OrtModule(nn.Module):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
@@ -145,7 +146,8 @@ def export_program(module: nn.Module, example: Example) -> Any:
     error: Exception | None = None
     for args, kwargs in tries:
         try:
-            with quiet():
+            # export prints the partial graph of a failure to stderr itself; pgc reports why
+            with quiet(), contextlib.redirect_stderr(io.StringIO()):
                 shapes = _auto_shapes(module, tuple(args), dict(kwargs))
                 return torch.export.export(
                     module, tuple(args), dict(kwargs), dynamic_shapes=shapes, strict=False
@@ -365,8 +367,8 @@ def quantize_pt2e(
             else:
                 report.skip(
                     name,
-                    "X86InductorQuantizer did not quantize it"
-                    + (f" (it is {got})" if got else " (no linear/conv op of it in the graph)"),
+                    f"X86InductorQuantizer left it {got}" if got else
+                    "not used by the model's forward (removed with the dead code before quantizing)",
                 )
         if region:
             _set_submodule(model, region, converted)

@@ -1,0 +1,119 @@
+"""Static int8 through pt2e: calibration on given inputs, per-layer choices through the
+quantizer's module-name configs, the kernels it really runs, and what it leaves alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from compiler import Backend, Quantization, Recipe, build, compare, fidelity, probe, warm
+from tests.compiler_tests.conftest import examples, outputs, token_batch
+
+STATIC = Quantization.of({"_default": "int8-static-pc"})
+
+
+def _x86_onednn() -> bool:
+    return probe().arch in ("x86_64", "AMD64") and torch.backends.mkldnn.is_available()
+
+
+def test_static_cnn_compiles_to_onednn_int8_kernels_and_keeps_accuracy(cnn_spec: dict[str, Any]) -> None:
+    from torch._inductor import config
+
+    cal = examples(cnn_spec, 8)
+    built = build(cnn_spec["model"], Recipe(quantization=STATIC, backend=Backend("inductor")), calibration=cal)
+    assert set(built.report.applied) == {"features.0", "features.3", "features.7", "head.1", "head.3"}
+    assert built.report.compiled and built.report.skipped == {}
+    if _x86_onednn():
+        kernels = built.report.kernel_paths["<compiled>"]
+        assert "oneDNN int8 conv" in kernels and "oneDNN int8 linear" in kernels
+    assert config.freezing is False  # set only while the variant's own calls ran
+    test = examples(cnn_spec, 20)
+    ref, out = outputs(cnn_spec["model"], test), outputs(built.module, test)
+    assert config.freezing is False
+    assert fidelity("top1", ref, out) >= 0.97
+    acc = cnn_spec["accuracy"]
+    labels = cnn_spec["labels"][:20]
+    assert acc(out, labels) >= acc(ref, labels) - 0.01
+
+
+def test_static_dynamic_and_fp32_layers_mix_in_one_graph(cnn_spec: dict[str, Any]) -> None:
+    rules = {"_default": "int8-static-pt", "head.3": "int8-dynamic-pc", "features.0": "fp32"}
+    built = build(cnn_spec["model"], Recipe(quantization=Quantization.of(rules)), calibration=examples(cnn_spec))
+    applied = built.report.applied
+    assert "features.0" not in applied
+    assert applied["head.3"] == "int8-dynamic-pc"
+    assert applied["features.3"] == applied["head.1"] == "int8-static-pt"
+    assert isinstance(built.module, torch.fx.GraphModule)
+    test = examples(cnn_spec, 10)
+    assert fidelity("top1", outputs(cnn_spec["model"], test), outputs(built.module, test)) >= 0.97
+
+
+def test_per_tensor_static_shares_one_scale_per_weight(mlp_spec: dict[str, Any]) -> None:
+    built = build(mlp_spec["model"], Recipe(quantization=Quantization.of({"net.3": "int8-static-pt"})),
+                  calibration=examples(mlp_spec, 4))
+    assert built.report.applied == {"net.3": "int8-static-pt"}
+    scales = [
+        getattr(built.module, n.args[1].target) for n in built.module.graph.nodes
+        if n.op == "call_function" and "dequantize_per_channel" in str(n.target)
+    ]
+    assert len(scales) == 1 and scales[0].numel() == 1024
+    assert torch.allclose(scales[0], scales[0][0].expand_as(scales[0]))
+
+
+def test_per_tensor_static_gets_the_int8_kernel_when_compiled(mlp_spec: dict[str, Any]) -> None:
+    if not _x86_onednn():
+        pytest.skip("oneDNN int8 kernels are x86 only")
+    recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pt"}), backend=Backend("inductor"))
+    built = build(mlp_spec["model"], recipe, calibration=examples(mlp_spec, 4))
+    assert "oneDNN int8 linear x3" in built.report.kernel_paths["<compiled>"]
+    assert "MKL fp32" not in built.report.kernel_paths["<compiled>"]
+
+
+def test_layers_the_quantizer_cannot_take_stay_fp32_with_a_reason(mlp_spec: dict[str, Any]) -> None:
+    rules = {"_default": "int8-static-pc", "net.3": "bf16", "net.5": "int8-weight_only-pc"}
+    built = build(mlp_spec["model"], Recipe(quantization=Quantization.of(rules)), calibration=examples(mlp_spec, 4))
+    assert built.report.applied == {"net.1": "int8-static-pc"}
+    assert "kept fp32" in built.report.skipped["net.3"] and "kept fp32" in built.report.skipped["net.5"]
+
+
+def test_static_without_calibration_inputs_is_skipped_not_guessed(mlp_spec: dict[str, Any]) -> None:
+    built = build(mlp_spec["model"], Recipe(quantization=STATIC), example=examples(mlp_spec, 1)[0])
+    assert built.report.applied == {}
+    assert all("calibrates on live inputs" in why for why in built.report.skipped.values())
+    assert set(built.report.skipped) == {"net.1", "net.3", "net.5"}
+
+
+def test_bert_with_an_unused_pooler_exports_and_serves_any_batch(tiny_bert: dict[str, Any]) -> None:
+    model = tiny_bert["model"]
+    built = build(model, Recipe(quantization=STATIC), calibration=tiny_bert["inputs"])
+    assert "encoder.pooler.dense" in built.report.skipped  # dead code, removed before prepare
+    assert "dead code" in built.report.skipped["encoder.pooler.dense"]
+    assert len(built.report.applied) == 12
+    # calibrated on batch 1, serves batch 3 and another length
+    g = torch.Generator().manual_seed(5)
+    for batch, length in ((3, 32), (2, 20)):
+        ids, mask = token_batch(g, batch, length)
+        with torch.inference_mode():
+            assert compare(model(ids, mask), built.module(ids, mask))["cosine"] > 0.999
+
+
+def test_data_dependent_control_flow_quantizes_the_exportable_parts(branchy: dict[str, Any]) -> None:
+    model, inputs = branchy["model"], branchy["inputs"]
+    built = build(model, Recipe(quantization=STATIC), calibration=inputs)
+    assert set(built.report.applied) == {"a.0", "b", "c"}
+    assert any("whole-model export failed" in n for n in built.report.notes)
+    for args, _ in inputs[:2]:  # one input on each side of the branch
+        with torch.inference_mode():
+            c = compare(model(*args), built.module(*args))
+        assert c["sqnr_db"] > 25 and c["top1"] == 1.0
+
+
+def test_control_flow_model_compiled_with_graph_breaks_is_still_correct(branchy: dict[str, Any]) -> None:
+    model, inputs = branchy["model"], branchy["inputs"]
+    built = build(model, Recipe(quantization=STATIC, backend=Backend("inductor")), calibration=inputs)
+    warm(built, inputs[:2])
+    for args, _ in inputs[:2]:
+        with torch.inference_mode():
+            assert compare(model(*args), built.module(*args))["sqnr_db"] > 25
