@@ -10,7 +10,14 @@ import store as st
 from pgc_daemon.api.deps import DaemonDep, StoreDep, TokenDep
 from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
-from pgc_daemon.api.schemas import MAX_ID, ErrorBody, FrontPublic, OptimizeRequest, SearchPublic, TrialPublic
+from pgc_daemon.api.schemas import (
+    MAX_ID,
+    ErrorBody,
+    FrontPublic,
+    OptimizeRequest,
+    SearchPublic,
+    TrialPublic,
+)
 from pgc_daemon.policy import Policy
 from pgc_daemon.status import search_summary
 

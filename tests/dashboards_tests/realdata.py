@@ -21,7 +21,7 @@ from tests.pgc_daemon_tests.helpers import Load, wait_for
 
 MODEL = "digits-mlp"
 SPEC = "pgc_daemon.examples.digits:mlp"
-POLICY = {"max_trials": 5, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
+POLICY = {"max_trials": 4, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
 
 
 @dataclass(frozen=True)

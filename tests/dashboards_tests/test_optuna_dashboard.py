@@ -27,7 +27,7 @@ def test_a_pgc_study_opens_in_optuna_dashboard(real_data: RealData, tmp_path: Pa
     shutil.copy(storage, copy)
     exe = shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent)) or "optuna-dashboard"
     port = free_port()
-    log = open(tmp_path / "optuna-dashboard.log", "wb")
+    log = open(tmp_path / "optuna-dashboard.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [exe, f"sqlite:///{copy}", "--host", "127.0.0.1", "--port", str(port), "--quiet"],
         stdout=log, stderr=subprocess.STDOUT,

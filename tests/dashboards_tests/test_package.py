@@ -31,7 +31,7 @@ def test_the_wheel_ships_and_serves_the_dashboard(tmp_path: Path) -> None:
     shutil.copytree(ROOT, src, ignore=IGNORE)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")],
-        capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stdout + build.stderr
     wheel = next((tmp_path / "dist").glob("pgc-*.whl"))
@@ -62,6 +62,6 @@ def test_the_wheel_ships_and_serves_the_dashboard(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-c", check, str(site), str(tmp_path / "pgc.db")],
         cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0 and "served from the wheel" in run.stdout, run.stdout + run.stderr
