@@ -234,6 +234,11 @@ class CompileCache:
             meta = json.loads((path / "meta.json").read_text())
             if meta.get("key") != key.to_dict():
                 return None
+            # the graph's quantize/dequantize ops and Inductor's int8 lowerings are registered
+            # by torchao's x86 quantizer module: a fresh process must import it first
+            from compiler._pt2e import _xiq
+
+            _xiq()
             program = torch.export.load(str(path / "graph.pt2"))
             module = program.module()
             os.utime(path)
