@@ -114,6 +114,7 @@ def _config(x2: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor 
     return _CHOSEN[key]
 
 
+@torch.compiler.disable  # Python-side block choice; a compiled model calls it as one op
 def int8_weight_only_linear(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
     act: str = "none",

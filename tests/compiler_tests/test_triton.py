@@ -1,0 +1,120 @@
+"""pgc's Triton kernel (fused int8 weight-only linear) against a torch reference, on CPU under
+``TRITON_INTERPRET=1`` in a subprocess (the variable must be set before Triton is imported);
+and the recipe choice that uses it, which on a CPU build must leave Triton alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+
+from compiler import Kernels, Quantization, Recipe, build
+from tests.compiler_tests.conftest import examples
+
+pytest.importorskip("triton")
+
+CHECK = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from compiler._triton import TritonInt8Linear, int8_weight_only_linear, quantize_weight
+    torch.manual_seed(0)
+    rows = []
+    for m, k, n in [(1, 40, 24), (17, 64, 50), (33, 96, 70)]:
+        for act in ("none", "relu", "gelu"):
+            for bias in (True, False):
+                x, w = torch.randn(m, k), torch.randn(n, k)
+                b = torch.randn(n) if bias else None
+                q, s = quantize_weight(w)
+                y = int8_weight_only_linear(x, q, s, b, act)
+                ref = x @ (q.float() * s[:, None]).T + (b if bias else 0)
+                ref = {"none": ref, "relu": torch.relu(ref), "gelu": torch.nn.functional.gelu(ref)}[act]
+                rows.append({"shape": [m, k, n], "act": act, "bias": bias,
+                             "err": float((y - ref).abs().max()), "dtype": str(y.dtype), "out": list(y.shape)})
+    lin = torch.nn.Linear(48, 32)
+    x = torch.randn(2, 5, 48)
+    mod = TritonInt8Linear(lin, act="relu")
+    with torch.no_grad():
+        ref = torch.relu(lin(x))
+        got = mod(x)
+    rows.append({"module_rel_err": float((got - ref).norm() / ref.norm()), "out": list(got.shape)})
+    print(json.dumps(rows))
+    """
+)
+
+
+def _interpret(code: str) -> Any:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=os.getcwd())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fused_int8_weight_only_linear_matches_the_torch_reference() -> None:
+    rows = _interpret(CHECK)
+    kernel_rows = [r for r in rows if "err" in r]
+    assert len(kernel_rows) == 18
+    for r in kernel_rows:
+        assert r["err"] < 1e-3, r
+        assert r["out"] == [r["shape"][0], r["shape"][2]] and r["dtype"] == "torch.float32"
+    module = rows[-1]
+    assert module["out"] == [2, 5, 32] and module["module_rel_err"] < 0.02
+
+
+def test_kernel_rejects_what_it_cannot_run() -> None:
+    code = textwrap.dedent(
+        """
+        import torch
+        from compiler._triton import int8_weight_only_linear
+        for bad in [dict(act="silu"), dict(weight=torch.ones(4, 4))]:
+            try:
+                int8_weight_only_linear(torch.ones(2, 4), bad.get("weight", torch.ones(4, 4, dtype=torch.int8)),
+                                        torch.ones(4), act=bad.get("act", "none"))
+            except ValueError:
+                print("refused")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.split() == ["refused", "refused"], out.stderr[-2000:]
+
+
+def test_a_cpu_build_with_the_triton_choice_keeps_the_default_path_and_says_why(mlp_spec: dict[str, Any]) -> None:
+    recipe = Recipe(kernels=Kernels("triton"), quantization=Quantization.of({"_default": "int8-weight_only-pc"}))
+    built = build(mlp_spec["model"], recipe)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the GPU test covers it")
+    assert any("triton not used" in n for n in built.report.notes)
+    assert all("torchao" in built.report.kernel_paths[n] for n in ("net.1", "net.3", "net.5"))
+    code = textwrap.dedent(
+        """
+        import sys
+        from pgc_daemon.examples import digits
+        from compiler import Kernels, Quantization, Recipe, build
+        spec = digits.mlp()
+        build(spec["model"], Recipe(kernels=Kernels("triton"),
+              quantization=Quantization.of({"_default": "int8-weight_only-pc"})))
+        print("compiler._triton" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_triton_kernel_replaces_weight_only_layers_on_a_gpu(mlp_spec: dict[str, Any]) -> None:
+    model = mlp_spec["model"].to("cuda").half()
+    recipe = Recipe(kernels=Kernels("triton"), quantization=Quantization.of({"_default": "int8-weight_only-pc"}))
+    built = build(model, recipe)
+    assert all("Triton" in built.report.kernel_paths[n] for n in ("net.1", "net.3", "net.5"))
+    x = examples(mlp_spec, 1)[0][0][0].to("cuda").half()
+    with torch.inference_mode():
+        ref, out = model(x), built.module(x)
+    assert (ref.argmax(-1) == out.argmax(-1)).float().mean() > 0.95
