@@ -35,6 +35,11 @@ from profiler import Profiler, ProfilerConfig, Window
 
 log = logging.getLogger("pgc.agent")
 _perf_ns = time.perf_counter_ns
+# What the store keeps of the profiler's window rows (rows may carry more, e.g. trimmed means).
+_REQUEST_COLUMNS = frozenset(c.key for c in st.RequestStat.__table__.columns)
+_LAYER_COLUMNS = frozenset(c.key for c in st.LayerStat.__table__.columns)
+_HOST_COLUMNS = frozenset(c.key for c in st.HostStat.__table__.columns)
+
 
 
 class ServedModel:
@@ -51,6 +56,7 @@ class ServedModel:
         policy: Policy | None,
         metric: str | None,
         store: st.Store | None = None,
+        profiler: ProfilerConfig | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError("attach() needs a torch.nn.Module")
@@ -67,8 +73,11 @@ class ServedModel:
         self.model_id: int | None = None
         self._store = store
         self.profiler = Profiler(
-            ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s),
+            profiler
+            or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s),
             sink=self._export,
+            quiet=self._quiet,
+            serving=lambda: self._slot.variant_id,
         )
         self.profiler.watch(self.base)
         self.reservoir = InputReservoir(settings.reservoir_size)
@@ -262,26 +271,43 @@ class ServedModel:
             log.debug("policy read failed; keeping the last one", exc_info=True)
         return self.policy
 
-    def _export(self, window: Window) -> None:
-        """Profiler sink (exporter thread): one transaction per window."""
+    def _quiet(self) -> bool:
+        """Whether pgc's own heavy work (a deployment's build, warm-up, verification, canary)
+        is off this process right now; host samples taken during it do not count as a leak."""
+        swapper = getattr(self, "swapper", None)
+        return swapper is None or not swapper.busy.is_set()
+
+    def _export(self, windows: list[Window]) -> None:
+        """Profiler sink (exporter thread): a batch of windows in one transaction — request
+        and layer rows, host samples, events (leak warnings, sampling-rate changes)."""
         if self.model_id is None:
             raise RuntimeError("model not registered yet")
         mid = self.model_id
-        base = {"model_id": mid, "window_start": window.start, "window_end": window.end}
-        req_rows = []
-        for r in window.requests:
-            row = dict(r)
-            row["variant_id"] = row.pop("variant")
-            row["dropped"] = self.profiler.dropped
-            req_rows.append({**base, **row})
-        layer_rows = []
-        for r in window.layers:
-            row = dict(r)
-            row["variant_id"] = row.pop("variant")
-            layer_rows.append({**base, **row})
+        req_rows: list[dict[str, Any]] = []
+        layer_rows: list[dict[str, Any]] = []
+        host_rows: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        for window in windows:
+            base = {"model_id": mid, "window_start": window.start, "window_end": window.end}
+            for i, r in enumerate(window.requests):
+                row = {k: v for k, v in r.items() if k in _REQUEST_COLUMNS}
+                row["variant_id"] = r["variant"]
+                row["dropped"] = window.dropped if i == 0 else 0  # windows lost before this one
+                req_rows.append({**base, **row})
+            for r in window.layers:
+                row = {k: v for k, v in r.items() if k in _LAYER_COLUMNS}
+                row["variant_id"] = r["variant"]
+                layer_rows.append({**base, **row})
+            for r in window.host:
+                row = {k: v for k, v in r.items() if k in _HOST_COLUMNS}
+                host_rows.append({**row, "model_id": mid, "variant_id": r["variant"]})
+            events.extend(window.events)
         with self.store().session() as sess:
             st.repo.add_request_stats(sess, req_rows)
             st.repo.add_layer_stats(sess, layer_rows)
+            st.repo.add_host_stats(sess, host_rows)
+            for ev in events:
+                st.repo.add_event(sess, mid, ev["kind"], ev["message"], level=ev["level"], data=ev["data"])
             st.repo.touch_model(sess, mid)
         self._save_reservoir()
 
@@ -345,6 +371,7 @@ class ServedModel:
             "fallbacks": self.fallbacks,
             "reservoir": len(self.reservoir),
             "dropped_windows": self.profiler.dropped,
+            "profiler": self.profiler.status(),
             "registered": self.model_id is not None,
         }
 
@@ -358,14 +385,17 @@ def attach(
     settings: Settings | None = None,
     policy: Policy | dict[str, Any] | None = None,
     metric: str | None = None,
+    profiler: ProfilerConfig | None = None,
 ) -> ServedModel:
     """Serve ``model`` through pgc. Returns a callable with the model's signature.
 
     ``spec`` (``package.module:function``, see :mod:`pgc_daemon.modelspec`) lets ``pgc serve``
     rebuild the model to search its variants; without it pgc profiles but cannot optimize.
     ``store`` is a URL or an open store (default: ``settings.store_url``). ``policy`` is used
-    when the store has none for this model yet. Store failures never fail ``attach``: the
-    agent keeps serving and registers once the store answers.
+    when the store has none for this model yet. ``profiler`` overrides how the live profiler
+    samples (rate, overhead budget, duty cycle, host statistics, leak window); by default it
+    takes ``settings.sample_every`` and ``settings.window_s``. Store failures never fail
+    ``attach``: the agent keeps serving and registers once the store answers.
     """
     settings = settings or Settings()
     opened: st.Store | None = None
@@ -377,6 +407,7 @@ def attach(
     if isinstance(policy, dict):
         policy = Policy.parse(policy)
     served = ServedModel(
-        model, name=name, spec=spec, settings=settings, policy=policy, metric=metric, store=opened
+        model, name=name, spec=spec, settings=settings, policy=policy, metric=metric,
+        store=opened, profiler=profiler,
     )
     return served.start()

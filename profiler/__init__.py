@@ -1,23 +1,83 @@
-"""pgc's live profiler: end-to-end latency of every call, per-layer latency of sampled calls,
-aggregated per time window and exported in the background."""
+"""pgc's live profiler: end-to-end latency of every call, per-layer latency (and perf counters,
+CUDA events, CUPTI kernels) of sampled calls under a self-measured overhead budget, process
+statistics with leak warnings, aggregated per time window and exported in the background."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from profiler._budget import Period, RateController
+from profiler._counters import (
+    CounterAvailability,
+    PerfCounters,
+    counter_availability,
+    derived,
+)
 from profiler._errors import ProfilerError
 from profiler._exporter import Exporter
-from profiler._hooks import LayerTimer
+from profiler._gpu import cuda_status
+from profiler._hooks import LayerTimer, dispatch_cost_ns
+from profiler._host import HostSampler, LeakDetector, LeakWarning
+from profiler._offline import OfflineProfile, group_name, layout_conversions, profile_model
 from profiler._profiler import Profiler, ProfilerConfig
-from profiler._window import LATENCY_BUCKETS_MS, Window, WindowAggregator
+from profiler._window import LATENCY_BUCKETS_MS, Totals, Window, WindowAggregator
 from profiler.shapes import parse_key, seq_bucket, shape_key
+
+
+def cupti_status() -> tuple[bool, str]:
+    """(usable, why) for the CUPTI kernel tracer (imports cupti-python lazily)."""
+    from profiler._cupti import cupti_status as status  # noqa: PLC0415
+
+    return status()
+
+
+def availability() -> dict[str, Any]:
+    """What the profiler can use in this process and why anything is off (``pgc doctor``)."""
+    counters = counter_availability()
+    cuda_ok, cuda_why = cuda_status()
+    cupti_ok, cupti_why = cupti_status()
+    try:
+        import psutil  # noqa: PLC0415
+
+        host: dict[str, Any] = {"available": True, "detail": f"psutil {psutil.__version__}"}
+    except ImportError as exc:
+        host = {"available": False, "detail": f"psutil is not importable: {exc}"}
+    return {
+        "perf_counters": counters.to_dict() | {"summary": counters.summary()},
+        "cuda_events": {"available": cuda_ok, "detail": cuda_why},
+        "cupti": {"available": cupti_ok, "detail": cupti_why},
+        "host_stats": host,
+        "hook_dispatch_ns": dispatch_cost_ns(),
+    }
+
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
+    "CounterAvailability",
     "Exporter",
+    "HostSampler",
     "LayerTimer",
+    "LeakDetector",
+    "LeakWarning",
+    "OfflineProfile",
+    "PerfCounters",
+    "Period",
     "Profiler",
     "ProfilerConfig",
     "ProfilerError",
+    "RateController",
+    "Totals",
     "Window",
     "WindowAggregator",
+    "availability",
+    "counter_availability",
+    "cuda_status",
+    "cupti_status",
+    "derived",
+    "group_name",
+    "layout_conversions",
     "parse_key",
+    "profile_model",
     "seq_bucket",
     "shape_key",
 ]

@@ -1,15 +1,21 @@
-"""The exporter: closes windows on a timer and hands them to a sink in the background.
+"""The exporter: hands closed windows to a sink in batches, on its own thread.
 
-Two threads: a ticker that closes a window every ``window_s`` (cheap, never blocks on I/O) and
-a writer that drains a bounded queue into the sink. When the sink is slow or failing, the
-queue fills and the oldest windows are dropped and counted; nothing ever reaches the model
-call.
+Producers (the profiler's ticker, a flush) only ``offer``: a non-blocking append to a bounded
+queue. When the sink is slow or failing the queue fills, and the *oldest* queued item is
+dropped and counted (recent windows are worth more than old ones). One writer thread takes up
+to ``batch`` items at a time and calls ``sink(items)`` once for them, so a store writes them
+in one transaction. A sink that raises loses that batch (counted as dropped and as a
+failure); the thread carries on. Nothing here ever blocks or raises into a model call.
+
+Threading contract: ``offer``, ``wait_idle`` and the counters are safe from any thread;
+``start`` and ``stop`` belong to the owner. ``dropped``, ``exported`` and ``failures`` only
+grow.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,81 +26,82 @@ log = logging.getLogger("pgc.profiler")
 class Exporter:
     def __init__(
         self,
-        produce: Callable[[], Any],
-        sink: Callable[[Any], None],
+        sink: Callable[[list[Any]], None],
         *,
-        interval_s: float,
         max_queue: int = 64,
+        batch: int = 16,
         name: str = "pgc-exporter",
     ) -> None:
-        self._produce = produce
+        if max_queue < 1 or batch < 1:
+            raise ValueError("max_queue and batch must be >= 1")
         self._sink = sink
-        self.interval_s = interval_s
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
-        self._stop = threading.Event()
+        self.max_queue = max_queue
+        self.batch = batch
+        self._items: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition()
+        self._writing = 0
+        self._stop = False
         self.dropped = 0
         self.exported = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._ticker = threading.Thread(target=self._tick_loop, name=f"{name}-tick", daemon=True)
-        self._writer = threading.Thread(target=self._write_loop, name=f"{name}-write", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-write", daemon=True)
 
     def start(self) -> None:
-        self._ticker.start()
-        self._writer.start()
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return len(self._items)
 
     def offer(self, item: Any) -> bool:
-        """Queue an item for the sink; drop the oldest queued one when full."""
+        """Queue an item for the sink; drop (and count) the oldest queued one when full."""
         if item is None:
             return False
-        while True:
-            try:
-                self._queue.put_nowait(item)
-                return True
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()
-                    self.dropped += 1
-                except queue.Empty:
-                    pass
-
-    def flush(self, timeout: float = 10.0) -> None:
-        """Close the current window now and wait until the queue is written (best effort)."""
-        self.offer(self._produce())
-        deadline = threading.Event()
-        waited = 0.0
-        while not self._queue.empty() and waited < timeout:
-            deadline.wait(0.05)
-            waited += 0.05
-
-    def _tick_loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.offer(self._produce())
-            except Exception:  # noqa: BLE001 - the exporter must outlive any bad window
-                log.exception("closing a profiler window failed")
-
-    def _write_loop(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                if self._stop.is_set():
-                    return
-                continue
-            try:
-                self._sink(item)
-                self.exported += 1
-            except Exception as exc:  # noqa: BLE001 - a failing store must not kill the thread
-                self.failures += 1
+        with self._cond:
+            while len(self._items) >= self.max_queue:
+                self._items.popleft()
                 self.dropped += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("profiler export failed (%s); window dropped", self.last_error)
+            self._items.append(item)
+            self._cond.notify_all()
+        return True
 
-    def stop(self, flush: bool = True) -> None:
-        if flush and self._ticker.is_alive():
-            self.flush()
-        self._stop.set()
-        for t in (self._ticker, self._writer):
-            if t.is_alive():
-                t.join(timeout=5)
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until everything offered so far is written or dropped (best effort)."""
+        if not self._thread.is_alive():
+            return not self._items
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._items and not self._writing, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._items or self._stop)
+                if not self._items:
+                    return  # stopping, and nothing left
+                n = min(self.batch, len(self._items))
+                items = [self._items.popleft() for _ in range(n)]
+                self._writing = n
+            try:
+                self._sink(items)
+                ok = True
+            except Exception as exc:  # noqa: BLE001 - a failing store must not kill the thread
+                ok = False
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("profiler export failed (%s); %d window(s) dropped", self.last_error, n)
+            with self._cond:
+                if ok:
+                    self.exported += n
+                else:
+                    self.failures += 1
+                    self.dropped += n
+                self._writing = 0
+                self._cond.notify_all()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Write what is queued (up to ``timeout``), then end the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)

@@ -1,120 +1,231 @@
 """Per-layer timing through forward hooks, present only while a sampled call runs.
 
-Hooks go on every module of the served model for the length of one call and come off right
-after, so unsampled calls pay nothing. Inclusive times are taken for every module; a leaf
-reports its inclusive time and a container reports its *self* time (inclusive minus its
-children), which is where functional code such as attention matmuls and pooling runs. The
-layer times of one call therefore add up to (nearly) the whole call.
+For the length of one sampled call two process-wide module hooks are registered (torch's
+``register_module_forward_pre_hook`` / ``register_module_forward_hook``) and removed right
+after, so unsampled calls pay nothing and attaching costs two registrations, not two per
+module. The hooks ignore other threads and modules of other models.
 
-Hooks are thread-safe for the case that matters: only the sampling thread's calls are timed
-(another thread running the same module at the same moment is ignored).
+Inclusive times are taken for every module; a leaf reports its inclusive time and a
+container reports its *self* time (inclusive minus its children), which is where functional
+code such as attention matmuls and pooling runs. The layer times of one call therefore add up
+to (nearly) the whole call.
+
+Every time is net of the profiler's own work: each hook times itself, and a module's
+inclusive time has the hook time spent inside it taken out, together with the dispatch cost
+torch adds per hooked module call (measured once per process, :func:`dispatch_cost_ns`).
+That same sum is the sampled call's overhead, which the budget is charged with.
+
+Optional per-layer extras: ``counters`` (anything with ``read() -> dict``, e.g.
+:class:`~profiler.PerfCounters`) gives counter deltas per layer; ``gpu`` (a
+:class:`~profiler._gpu.CudaLayerEvents`) records CUDA events around each layer and pushes
+CUPTI external correlation ids, resolved after the call by the profiler's background thread.
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.nn.modules.module as _module
 from torch import nn
 
 _perf_ns = time.perf_counter_ns
+_ident = threading.get_ident
+
+
+@functools.lru_cache(maxsize=1)
+def dispatch_cost_ns() -> int:
+    """What a pair of (empty) global forward hooks adds to one module call, in ns: torch's
+    slow path with hooks present. Measured once per process (median of repeats), so the
+    overhead ledger can charge it without timing it on every call."""
+    mod = nn.Identity()
+    x = torch.zeros(1)
+    n = 300
+
+    def run() -> int:
+        t = _perf_ns()
+        for _ in range(n):
+            mod(x)
+        return _perf_ns() - t
+
+    plain, hooked = [], []
+    for _ in range(5):
+        plain.append(run())
+        h1 = _module.register_module_forward_pre_hook(lambda m, a: None)
+        h2 = _module.register_module_forward_hook(lambda m, a, o: None, always_call=True)
+        try:
+            hooked.append(run())
+        finally:
+            h1.remove()
+            h2.remove()
+    return max(0, int((statistics.median(hooked) - statistics.median(plain)) / n))
+
+
+@dataclass
+class RawCall:
+    """What one sampled call measured, before it is turned into layer rows (that happens off
+    the request path). Times in ns; ``overhead_ns`` is the profiler's own time inside the call."""
+
+    seq: int
+    incl: dict[int, int] = field(default_factory=dict)
+    counters: dict[int, dict[str, float]] = field(default_factory=dict)
+    overhead_ns: int = 0
+    hooks: int = 0
+    gpu: Any = None
 
 
 class LayerTimer:
     """Times the modules of one model for one call at a time."""
 
-    def __init__(self, model: nn.Module, counters: Any | None = None) -> None:
-        self.names: dict[int, str] = {}
-        self.op_types: dict[int, str] = {}
-        self.children: dict[int, list[int]] = {}
+    def __init__(self, model: nn.Module, counters: Any | None = None, gpu: Any | None = None) -> None:
+        self._index: dict[int, int] = {}
+        self.names: list[str] = []
+        self.op_types: list[str] = []
         self.modules: list[nn.Module] = []
         for name, mod in model.named_modules():
-            key = id(mod)
-            if key in self.names:
+            if id(mod) in self._index:
                 continue  # a shared module is timed under its first name
-            self.names[key] = name or "(root)"
-            self.op_types[key] = type(mod).__name__
-            self.children[key] = [id(c) for c in mod.children()]
+            self._index[id(mod)] = len(self.names)
+            self.names.append(name or "(root)")
+            self.op_types.append(type(mod).__name__)
             self.modules.append(mod)
+        self.children: list[list[int]] = [
+            [self._index[id(c)] for c in mod.children() if id(c) in self._index]
+            for mod in self.modules
+        ]
         self.counters = counters
-        self._inclusive: dict[int, int] = {}
-        self._counter_totals: dict[int, dict[str, float]] = {}
-        self._starts: dict[int, list[Any]] = {}
+        self.gpu = gpu
+        self._read = counters.read if counters is not None else None
+        self._dispatch = dispatch_cost_ns()
         self._thread: int | None = None
         self._handles: list[Any] = []
+        self._seq = 0
+        self._raw = RawCall(0)
+        self._stack: list[tuple[Any, ...]] = []
+
+    # ----------------------------------------------------------------- hooks
 
     def _pre(self, mod: nn.Module, _args: Any) -> None:
-        if threading.get_ident() != self._thread:
+        t0 = _perf_ns()
+        if _ident() != self._thread:
             return
-        snap = self.counters.read() if self.counters is not None else None
-        self._starts.setdefault(id(mod), []).append((_perf_ns(), snap))
+        i = self._index.get(id(mod))
+        if i is None:
+            return
+        read = self._read
+        snap = read() if read is not None else None
+        ev = self.gpu.pre(i) if self.gpu is not None else None
+        raw = self._raw
+        t1 = _perf_ns()
+        raw.overhead_ns += t1 - t0 + self._dispatch
+        raw.hooks += 1
+        self._stack.append((i, t1, raw.overhead_ns, snap, ev))
 
     def _post(self, mod: nn.Module, _args: Any, _out: Any) -> None:
-        if threading.get_ident() != self._thread:
+        t0 = _perf_ns()
+        if _ident() != self._thread:
             return
-        end = _perf_ns()
-        key = id(mod)
-        stack = self._starts.get(key)
-        if not stack:
+        i = self._index.get(id(mod))
+        if i is None:
             return
-        start, snap = stack.pop()
-        self._inclusive[key] = self._inclusive.get(key, 0) + (end - start)
+        stack = self._stack
+        while stack:  # an exception may have skipped inner frames: unwind to ours
+            frame = stack.pop()
+            if frame[0] == i:
+                break
+        else:
+            return
+        _, start, ovh_start, snap, ev = frame
+        raw = self._raw
+        raw.incl[i] = raw.incl.get(i, 0) + (t0 - start) - (raw.overhead_ns - ovh_start)
         if snap is not None:
-            now = self.counters.read()
-            acc = self._counter_totals.setdefault(key, {})
-            for k, v in now.items():
-                acc[k] = acc.get(k, 0.0) + (v - snap.get(k, 0.0))
+            now = self._read()  # type: ignore[misc]
+            acc = raw.counters.get(i)
+            if acc is None:
+                raw.counters[i] = {k: v - snap.get(k, 0.0) for k, v in now.items()}
+            else:
+                for k, v in now.items():
+                    acc[k] = acc.get(k, 0.0) + (v - snap.get(k, 0.0))
+        if ev is not None:
+            self.gpu.post(i, ev)  # type: ignore[union-attr]
+        raw.overhead_ns += _perf_ns() - t0
+
+    # ----------------------------------------------------------------- one call
 
     def attach(self) -> None:
-        self._thread = threading.get_ident()
-        self._inclusive = {}
-        self._counter_totals = {}
-        self._starts = {}
-        pre, post = self._pre, self._post
-        handles = self._handles
-        for mod in self.modules:
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post))
+        """Start timing this thread's next call through the model."""
+        self._seq += 1
+        self._raw = RawCall(self._seq)
+        self._stack = []
+        self._thread = _ident()
+        if self.gpu is not None:
+            self.gpu.start_call(self._seq)
+        self._handles = [
+            _module.register_module_forward_pre_hook(self._pre),
+            _module.register_module_forward_hook(self._post, always_call=True),
+        ]
 
     def detach(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles.clear()
+        self._handles = []
         self._thread = None
+        if self.gpu is not None:
+            self.gpu.end_call()
 
-    def _called_below(self, key: int) -> list[int]:
+    def take(self) -> RawCall:
+        """The measurements of the call just timed (the timer is ready for the next one)."""
+        raw = self._raw
+        if self.gpu is not None:
+            raw.gpu = self.gpu.take()
+        self._raw = RawCall(self._seq)
+        return raw
+
+    # ----------------------------------------------------------------- results
+
+    def _called_below(self, key: int, called: dict[int, Any]) -> list[int]:
         """The nearest descendants of ``key`` that ran in this call (containers such as
         ``ModuleList`` are never called themselves, so look through them)."""
         out: list[int] = []
         stack = list(self.children[key])
         while stack:
             k = stack.pop()
-            if k in self._inclusive:
+            if k in called:
                 out.append(k)
             else:
-                stack.extend(self.children.get(k, ()))
+                stack.extend(self.children[k])
         return out
 
-    def results(self) -> list[tuple[str, str, float, dict[str, float] | None]]:
-        """(name, op type, milliseconds, counters) per layer for the call just timed: leaves
-        with their inclusive time, containers with their self time when it is positive."""
-        out = []
-        incl = self._inclusive
-        for key, total in incl.items():
-            counters = self._counter_totals.get(key)
-            below = self._called_below(key)
-            if not below:
-                out.append((self.names[key], self.op_types[key], total / 1e6, counters))
+    def results(self, raw: RawCall | None = None, gpu_ms: dict[int, float] | None = None,
+                kernels: dict[int, list[Any]] | None = None) -> list[tuple[Any, ...]]:
+        """(name, op type, milliseconds, counters, kernels) per layer for one call: leaves
+        with their inclusive time, containers with their self time when it is positive.
+
+        With ``gpu_ms`` (CUDA-event times per module, resolved) the milliseconds are GPU
+        time and the host-side time goes into the counters as ``cpu_ms``."""
+        raw = raw if raw is not None else self._raw
+        incl_ms = {k: v / 1e6 for k, v in raw.incl.items()}
+        times = gpu_ms if gpu_ms is not None else incl_ms
+        out: list[tuple[Any, ...]] = []
+        for key, total in times.items():
+            counters = raw.counters.get(key)
+            below = self._called_below(key, times)
+            self_ms = total - sum(times[k] for k in below) if below else total
+            if below and counters is not None:
+                counters = dict(counters)
+                for k in below:
+                    for ck, cv in raw.counters.get(k, {}).items():
+                        counters[ck] = counters.get(ck, 0.0) - cv
+            if gpu_ms is not None:
+                cpu_self = incl_ms.get(key, 0.0) - sum(incl_ms.get(k, 0.0) for k in below)
+                counters = {**(counters or {}), "cpu_ms": max(cpu_self, 0.0)}
+            if below and self_ms <= 0:
                 continue
-            self_ns = total - sum(incl[k] for k in below)
-            if self_ns > 0:
-                if counters is not None:
-                    counters = dict(counters)
-                    for k in below:
-                        for ck, cv in self._counter_totals.get(k, {}).items():
-                            counters[ck] = counters.get(ck, 0.0) - cv
-                out.append(
-                    (self.names[key], self.op_types[key] + " (self)", self_ns / 1e6, counters)
-                )
+            op = self.op_types[key] + (" (self)" if below else "")
+            out.append((self.names[key], op, self_ms, counters, (kernels or {}).get(key)))
         return out

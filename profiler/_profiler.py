@@ -1,14 +1,27 @@
 """The live profiler of one served model.
 
 Contract with the serving path (see ``pgc_daemon.agent``): ``begin`` and ``end`` bracket every
-call; both are cheap for unsampled calls (a counter, a shape key, one locked append) and never
-raise. At most one call is profiled per layer at a time.
+call and never raise. For an unsampled call ``begin`` is a counter and a modulo, and ``end``
+is a shape key and one locked update of the window. At most one call per profiler is sampled
+at a time; its hooks record raw timings only, and turning them into layer rows (and, on a
+GPU, waiting for CUDA events and CUPTI records) happens on the profiler's background thread.
+
+Sampling is "one call in N" (N adapts to the overhead budget, see :mod:`profiler._budget`),
+optionally restricted to duty-cycle windows: the first ``duty_on_s`` seconds of every
+``duty_period_s``. On a CUDA model the CUPTI tracer is enabled only inside sampling windows
+(for the duty window, or for the one sampled call without a duty cycle).
+
+Threads: the caller's (``begin``/``end``), one ticker (drains sampled calls, samples host
+statistics, adapts the rate, closes windows every ``window_s``) and the exporter's writer.
+Both background threads start with :meth:`Profiler.start` and only when a sink is given.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -17,40 +30,103 @@ from typing import Any
 
 from torch import nn
 
+from profiler._budget import Period, RateController
 from profiler._exporter import Exporter
-from profiler._hooks import LayerTimer
-from profiler._window import Window, WindowAggregator
+from profiler._hooks import LayerTimer, RawCall
+from profiler._window import Totals, Window, WindowAggregator
 from profiler.shapes import shape_key
 
 log = logging.getLogger("pgc.profiler")
 _perf_ns = time.perf_counter_ns
 
+MIB = 1024 * 1024
+#: Sampled calls waiting for the background thread; past this the oldest are discarded.
+MAX_PENDING = 4096
+#: Events held for the next window at most (rate changes, leak warnings).
+MAX_EVENTS = 64
+#: The controller looks at the costs once this many calls were sampled since it last did,
+#: or after ``window_s`` in any case, but never before this much serving time went by: a
+#: ratio over a few milliseconds of serving is noise (first calls, cold caches).
+MIN_SAMPLED_PER_UPDATE = 8
+MIN_SERVING_NS_PER_UPDATE = 1_000_000_000
+
 
 @dataclass(frozen=True)
 class ProfilerConfig:
-    """``sample_every``: profile one call in N per layer; ``window_s``: aggregation window;
-    ``max_queue``: closed windows held while the sink is slow before the oldest are dropped."""
+    """How the live profiler samples, what it costs at most and what it collects.
+
+    - ``sample_every``: profile one call in N per layer (the highest rate; the budget may
+      lower it); ``max_sample_every``: the lowest rate the budget may go to.
+    - ``budget``: the profiler's measured cost as a fraction of serving time (0.005 = 0.5%);
+      ``None`` keeps N fixed.
+    - ``duty_on_s`` / ``duty_period_s``: sample only during the first ``duty_on_s`` seconds
+      of every period (``None``: always).
+    - ``window_s``: aggregation window; ``max_queue``: closed windows held while the sink is
+      slow before the oldest are dropped; ``export_batch``: windows per sink call.
+    - ``counters``: per-layer perf counters (hardware where offered, else software).
+    - ``host_interval_s``: psutil process statistics every so often (``None``: off; only
+      with a sink); ``leak_window_s`` / ``leak_min_growth_mb``: steady RSS growth this long
+      and this large raises a leak warning.
+    - ``gpu`` / ``cupti``: CUDA events and CUPTI kernel records for modules on a CUDA device.
+    - ``control_s``: how often the background thread wakes up.
+    """
 
     sample_every: int = 100
     window_s: float = 10.0
     max_queue: int = 64
+    export_batch: int = 16
+    budget: float | None = 0.005
+    max_sample_every: int = 100_000
+    duty_on_s: float | None = None
+    duty_period_s: float = 5.0
+    counters: bool = True
+    host_interval_s: float | None = 5.0
+    leak_window_s: float = 600.0
+    leak_min_growth_mb: float = 64.0
+    gpu: bool = True
+    cupti: bool = True
+    control_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.sample_every < 1:
             raise ValueError("sample_every must be >= 1")
+        if self.max_sample_every < self.sample_every:
+            raise ValueError("max_sample_every must be >= sample_every")
         if self.window_s <= 0:
             raise ValueError("window_s must be > 0")
-        if self.max_queue < 1:
-            raise ValueError("max_queue must be >= 1")
+        if self.max_queue < 1 or self.export_batch < 1:
+            raise ValueError("max_queue and export_batch must be >= 1")
+        if self.budget is not None and not 0 < self.budget < 1:
+            raise ValueError("budget must be a fraction in (0, 1), e.g. 0.005 for 0.5%, or None")
+        if self.duty_on_s is not None and not 0 < self.duty_on_s <= self.duty_period_s:
+            raise ValueError("duty_on_s must be in (0, duty_period_s]")
+        if self.duty_period_s <= 0:
+            raise ValueError("duty_period_s must be > 0")
+        if self.host_interval_s is not None and self.host_interval_s <= 0:
+            raise ValueError("host_interval_s must be > 0 or None")
+        if self.leak_window_s <= 0 or self.leak_min_growth_mb <= 0:
+            raise ValueError("leak_window_s and leak_min_growth_mb must be > 0")
+        if self.control_s <= 0:
+            raise ValueError("control_s must be > 0")
 
 
 class _Token:
-    __slots__ = ("timer", "started_ns", "overhead_ns")
+    __slots__ = ("timer", "cost_ns")
 
-    def __init__(self, timer: LayerTimer, started_ns: int, overhead_ns: int) -> None:
+    def __init__(self, timer: LayerTimer, cost_ns: int) -> None:
         self.timer = timer
-        self.started_ns = started_ns
-        self.overhead_ns = overhead_ns
+        self.cost_ns = cost_ns
+
+
+@dataclass
+class _Pending:
+    timer: LayerTimer
+    raw: RawCall
+    variant: Any
+    bucket: str
+    elapsed_ns: int
+    cost_ns: int
+    error: bool
 
 
 class Profiler:
@@ -58,37 +134,97 @@ class Profiler:
         self,
         config: ProfilerConfig | None = None,
         *,
-        sink: Callable[[Window], None] | None = None,
+        sink: Callable[[list[Window]], None] | None = None,
         key_fn: Callable[[tuple[Any, ...], dict[str, Any]], str] = shape_key,
+        quiet: Callable[[], bool] | None = None,
+        serving: Callable[[], Any] | None = None,
     ) -> None:
-        self.config = config or ProfilerConfig()
+        """``sink`` receives closed windows in batches on the exporter's thread (without one,
+        close windows yourself with :meth:`close_window`). ``quiet`` says whether the process
+        is free of pgc's own heavy work right now (builds, verification); host samples taken
+        while it is not do not count toward a leak. ``serving`` names the variant serving now
+        (host samples are kept per variant); by default, the variant of the last call."""
+        self.config = cfg = config or ProfilerConfig()
         self.aggregator = WindowAggregator()
+        self.aggregator.before_close = lambda: self._drain(wait=True)
+        self.controller = RateController(cfg.sample_every, cfg.budget, cfg.max_sample_every)
+        self._every = cfg.sample_every
         self._key_fn = key_fn
+        self._quiet = quiet
+        self._serving = serving
         self._counter = itertools.count(1)
         self._sampling = threading.Lock()
         self._timers: dict[int, LayerTimer] = {}
-        self._exporter: Exporter | None = None
-        if sink is not None:
-            self._exporter = Exporter(
-                self.aggregator.close,
-                sink,
-                interval_s=self.config.window_s,
-                max_queue=self.config.max_queue,
-            )
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending_lock = threading.Lock()
+        self.discarded = 0  # sampled calls discarded because the background thread lagged
+        self._kernels: dict[int, dict[int, list[Any]]] = {}
+        self._events: list[dict[str, Any]] = []
+        self._host_rows: list[dict[str, Any]] = []
+        self._last_variant: Any = None
+        self._last_totals = Totals()
+        self._sampled_costs: collections.deque[int] = collections.deque(maxlen=4096)
+        self._last_adapt = time.monotonic()
+        self._reported_every = cfg.sample_every
+        self._duty_epoch = time.monotonic()
+        self._counters: Any = None
+        self._counters_reason: str | None = "off (counters=False)" if not cfg.counters else None
+        self._tracer: Any = None
+        self.gpu_reason: str | None = None
+        self.cupti_reason: str | None = None
+        self._host: Any = None
+        self._user_sink = sink
+        self._reported_dropped = 0
+        self._exporter = (
+            Exporter(self._write, max_queue=cfg.max_queue, batch=cfg.export_batch)
+            if sink is not None else None
+        )
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._begin_cost_ns = self._calibrate_begin()
 
     # ----------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        if self._exporter is not None:
-            self._exporter.start()
+        """Start the background threads (only with a sink)."""
+        if self._exporter is None or self._ticker is not None:
+            return
+        cfg = self.config
+        if cfg.host_interval_s is not None:
+            try:
+                from profiler._host import HostSampler, LeakDetector  # noqa: PLC0415
+
+                self._host = HostSampler(
+                    cfg.host_interval_s,
+                    LeakDetector(cfg.leak_window_s, cfg.leak_min_growth_mb * MIB),
+                )
+            except Exception as exc:  # noqa: BLE001 - no psutil: no host statistics
+                log.warning("host statistics are off: %s", exc)
+        self._exporter.start()
+        self._ticker = threading.Thread(target=self._tick_loop, name="pgc-profiler", daemon=True)
+        self._ticker.start()
 
     def stop(self, flush: bool = True) -> None:
+        """Stop the threads (writing the current window first when ``flush``), close the
+        counters and tear the CUPTI tracer down."""
+        self._stop.set()
+        if self._ticker is not None and self._ticker.is_alive():
+            self._ticker.join(timeout=10)
         if self._exporter is not None:
-            self._exporter.stop(flush=flush)
+            if flush and self._ticker is not None:
+                self._exporter.offer(self.close_window())
+            self._exporter.stop()
+        if self._tracer is not None:
+            self._tracer.shutdown()
+        if self._counters is not None:
+            self._counters.close()
 
-    def flush(self) -> None:
-        if self._exporter is not None:
-            self._exporter.flush()
+    def flush(self, timeout: float = 10.0) -> None:
+        """Close the current window now and wait until it is written (best effort)."""
+        if self._exporter is None:
+            return
+        self._exporter.offer(self.close_window())
+        self._exporter.wait_idle(timeout)
 
     @property
     def dropped(self) -> int:
@@ -98,34 +234,105 @@ class Profiler:
     def export_failures(self) -> int:
         return self._exporter.failures if self._exporter is not None else 0
 
+    @property
+    def sample_every(self) -> int:
+        """The current N of "one call in N" (the budget may have raised it)."""
+        return self._every
+
     # ----------------------------------------------------------------- models
 
     def watch(self, module: nn.Module) -> None:
         """Prepare per-layer timing of ``module`` (the eager modules that may serve)."""
-        if id(module) not in self._timers:
-            self._timers[id(module)] = LayerTimer(module)
+        if id(module) in self._timers:
+            return
+        self._timers[id(module)] = LayerTimer(module, self._counter_source(), self._gpu_for(module))
 
     def forget(self, module: nn.Module) -> None:
         self._timers.pop(id(module), None)
+
+    def _counter_source(self) -> Any:
+        if not self.config.counters:
+            return None
+        if self._counters is None and self._counters_reason is None:
+            try:
+                from profiler._counters import PerfCounters  # noqa: PLC0415
+
+                counters = PerfCounters()
+            except Exception as exc:  # noqa: BLE001 - counters are optional
+                self._counters_reason = f"off ({type(exc).__name__}: {exc})"
+                return None
+            if counters.available:
+                self._counters = counters
+            else:
+                self._counters_reason = counters.availability.summary()
+        return self._counters
+
+    def _gpu_for(self, module: nn.Module) -> Any:
+        from profiler._gpu import module_device  # noqa: PLC0415 - no CUDA import here
+
+        if module_device(module) != "cuda":
+            return None
+        if not self.config.gpu:
+            self.gpu_reason = "off (gpu=False): layers are timed on the host only"
+            return None
+        from profiler._gpu import CudaLayerEvents, cuda_status  # noqa: PLC0415
+
+        ok, why = cuda_status()
+        if not ok:
+            self.gpu_reason = why
+            return None
+        self.gpu_reason = None
+        if self.config.cupti and self._tracer is None and self.cupti_reason is None:
+            from profiler._cupti import CuptiTracer, cupti_status  # noqa: PLC0415
+
+            ok, why = cupti_status()
+            if ok:
+                try:
+                    self._tracer = CuptiTracer()
+                except Exception as exc:  # noqa: BLE001
+                    self.cupti_reason = f"{type(exc).__name__}: {exc}"
+            else:
+                self.cupti_reason = why
+        elif not self.config.cupti:
+            self.cupti_reason = "off (cupti=False)"
+        return CudaLayerEvents(self._tracer)
 
     # ----------------------------------------------------------------- request path
 
     def begin(self, module: nn.Module) -> _Token | None:
         """Decide whether this call is profiled per layer; if so attach the hooks."""
-        if next(self._counter) % self.config.sample_every:
+        if next(self._counter) % self._every:
+            return None
+        return self._begin_sampled(module)
+
+    def _duty_on(self) -> bool:
+        cfg = self.config
+        if cfg.duty_on_s is None:
+            return True
+        return (time.monotonic() - self._duty_epoch) % cfg.duty_period_s < cfg.duty_on_s
+
+    def _begin_sampled(self, module: nn.Module) -> _Token | None:
+        t0 = _perf_ns()
+        if not self._duty_on():
             return None
         timer = self._timers.get(id(module))
         if timer is None or not self._sampling.acquire(blocking=False):
             return None
-        t0 = _perf_ns()
         try:
+            tracer = self._tracer
+            if tracer is not None and timer.gpu is not None and not tracer.is_open:
+                try:
+                    tracer.open()
+                except Exception as exc:  # noqa: BLE001 - CUPTI off, timing carries on
+                    self.cupti_reason = f"disabled after an error: {type(exc).__name__}: {exc}"
+                    self._tracer = None
+                    timer.gpu.tracer = None
             timer.attach()
         except Exception:  # noqa: BLE001
             timer.detach()
             self._sampling.release()
             return None
-        now = _perf_ns()
-        return _Token(timer, now, now - t0)
+        return _Token(timer, _perf_ns() - t0)
 
     def end(
         self,
@@ -141,19 +348,287 @@ class Profiler:
         """Record one call (never raises)."""
         try:
             t0 = _perf_ns()
+            self._last_variant = variant
             bucket = self._key_fn(args, kwargs)
-            if token is not None:
-                try:
-                    token.timer.detach()
-                    layers = token.timer.results()
-                finally:
-                    self._sampling.release()
-                overhead = token.overhead_ns + (_perf_ns() - t0)
-                self.aggregator.add_sampled_call(
-                    variant, bucket, elapsed_ns / 1e6, layers, overhead
+            if token is None:
+                self.aggregator.add_call(
+                    variant, bucket, elapsed_ns / 1e6, error=error, fallback=fallback,
+                    started_ns=t0, extra_cost_ns=self._begin_cost_ns,
                 )
+                return
+            timer = token.timer
+            try:
+                timer.detach()
+                raw = timer.take()
+                tracer = self._tracer
+                if (tracer is not None and tracer.is_open and self.config.duty_on_s is None
+                        and raw.gpu is not None and raw.gpu.end.query()):
+                    # Without a duty cycle the window is this one call; once its kernels are
+                    # done, stop recording. Not done yet (an asynchronous call): the
+                    # background thread closes the window when they are, never waiting here.
+                    tracer.close()
+            finally:
+                self._sampling.release()
+            cost = token.cost_ns + raw.overhead_ns + (_perf_ns() - t0)
+            item = _Pending(timer, raw, variant, bucket, elapsed_ns, cost, error)
+            with self._pending_lock:
+                if len(self._pending) >= MAX_PENDING:
+                    old = self._pending.popleft()
+                    self.discarded += 1
+                    self.aggregator.add_overhead(old.variant, old.bucket, old.cost_ns)
+                self._pending.append(item)
             self.aggregator.add_call(
-                variant, bucket, elapsed_ns / 1e6, error=error, fallback=fallback
+                variant, bucket, elapsed_ns / 1e6, error=error, fallback=fallback,
+                started_ns=_perf_ns(),
             )
         except Exception:  # noqa: BLE001 - profiling must never fail a request
             log.debug("profiler.end failed", exc_info=True)
+
+    # ----------------------------------------------------------------- background work
+
+    def _drain(self, wait: bool) -> None:
+        """Turn sampled calls into layer rows. GPU calls whose events are not done yet stay
+        pending unless ``wait`` (then this thread waits for them; the device is not synced)."""
+        with self._pending_lock:
+            items = list(self._pending)
+            self._pending.clear()
+        if not items:
+            return
+        ready: list[_Pending] = []
+        keep: list[_Pending] = []
+        for p in items:
+            gpu = p.raw.gpu
+            if gpu is None or wait or gpu.end.query():
+                ready.append(p)
+            else:
+                keep.append(p)
+        if self._tracer is not None and any(p.raw.gpu is not None for p in ready):
+            for p in ready:
+                if p.raw.gpu is not None:
+                    p.raw.gpu.end.synchronize()  # its kernels are done: their records flush
+            self._collect_kernels()
+        for p in ready:
+            t0 = _perf_ns()
+            try:
+                self._process(p)
+            except Exception:  # noqa: BLE001 - one bad call must not stop the others
+                log.debug("processing a sampled call failed", exc_info=True)
+                self.aggregator.add_overhead(p.variant, p.bucket, p.cost_ns + _perf_ns() - t0)
+        if keep:
+            with self._pending_lock:
+                self._pending.extendleft(reversed(keep))
+        self._close_tracer_window(gpu_pending=any(p.raw.gpu is not None for p in keep))
+
+    def _close_tracer_window(self, gpu_pending: bool) -> None:
+        """Stop CUPTI recording once a sampling window is over and its kernels are done (never
+        while a sampled call is in flight)."""
+        tracer = self._tracer
+        if tracer is None or not tracer.is_open or gpu_pending:
+            return
+        if self.config.duty_on_s is not None and self._duty_on():
+            return
+        if self._sampling.acquire(blocking=False):
+            try:
+                tracer.close()
+            finally:
+                self._sampling.release()
+
+    def _collect_kernels(self) -> None:
+        from profiler._gpu import EXT_MASK, EXT_SHIFT  # noqa: PLC0415
+
+        t0 = _perf_ns()
+        try:
+            by_ext = self._tracer.collect()
+        except Exception as exc:  # noqa: BLE001
+            self.cupti_reason = f"disabled after an error: {type(exc).__name__}: {exc}"
+            self._tracer = None
+            return
+        for ext, kernels in by_ext.items():
+            seq, idx = ext >> EXT_SHIFT, (ext & EXT_MASK) - 1
+            self._kernels.setdefault(seq, {}).setdefault(idx, []).extend(
+                (k.name, k.duration_ns, k.grid, k.block) for k in kernels
+            )
+        while len(self._kernels) > 4 * MAX_PENDING:  # calls that never got processed
+            self._kernels.pop(next(iter(self._kernels)))
+        self.aggregator.add_background(_perf_ns() - t0)
+
+    def _process(self, p: _Pending) -> None:
+        t0 = _perf_ns()
+        if p.error:  # layer times of a failed call say nothing about the model
+            self.aggregator.add_overhead(p.variant, p.bucket, p.cost_ns)
+            return
+        raw = p.raw
+        gpu_ms = None
+        kernels = None
+        elapsed_ms = (p.elapsed_ns - raw.overhead_ns) / 1e6
+        if raw.gpu is not None and p.timer.gpu is not None:
+            gpu_ms, elapsed_ms = p.timer.gpu.resolve(raw.gpu)
+            kernels = self._kernels.pop(raw.seq, None)
+        layers = p.timer.results(raw, gpu_ms, kernels)
+        cost = p.cost_ns + (_perf_ns() - t0)
+        self._sampled_costs.append(cost)
+        self.aggregator.add_sampled_call(
+            p.variant, p.bucket, max(elapsed_ms, 0.0), layers, cost, incall_ns=raw.overhead_ns
+        )
+
+    def _tick_loop(self) -> None:
+        cfg = self.config
+        next_window = time.monotonic() + cfg.window_s
+        every = min(cfg.control_s, cfg.window_s, cfg.host_interval_s or cfg.control_s)
+        while not self._stop.wait(every):
+            try:
+                self._tick()
+                if time.monotonic() >= next_window:
+                    next_window += cfg.window_s
+                    self._exporter.offer(self.close_window(wait=False))  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - the profiler thread must outlive any bad tick
+                log.exception("profiler background tick failed")
+
+    def _tick(self) -> None:
+        self._drain(wait=False)
+        self._close_tracer_window(gpu_pending=bool(self._pending))
+        if self._host is not None and self._host.due():
+            self.sample_host()
+        t = self.aggregator.totals()
+        last = self._last_totals
+        if t.serving_ns - last.serving_ns >= MIN_SERVING_NS_PER_UPDATE and (
+            t.sampled - last.sampled >= MIN_SAMPLED_PER_UPDATE
+            or time.monotonic() - self._last_adapt >= self.config.window_s
+        ):
+            self.adapt()
+
+    def sample_host(self) -> dict[str, Any] | None:
+        """Take one host sample now (the ticker does this every ``host_interval_s``)."""
+        if self._host is None:
+            return None
+        t0 = _perf_ns()
+        quiet = True
+        if self._quiet is not None:
+            try:
+                quiet = bool(self._quiet())
+            except Exception:  # noqa: BLE001
+                quiet = True
+        variant = self._last_variant
+        if self._serving is not None:
+            try:
+                variant = self._serving()
+            except Exception:  # noqa: BLE001
+                variant = self._last_variant
+        row, warning = self._host.sample(variant, quiet=quiet)
+        self._host_rows.append(row)
+        del self._host_rows[:-1000]
+        if warning is not None:
+            self._event("leak", "warning", warning.message(), warning.to_dict())
+        self.aggregator.add_background(_perf_ns() - t0)
+        return row
+
+    def _event(self, kind: str, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+        self._events.append({"kind": kind, "level": level, "message": message, "data": data})
+        del self._events[:-MAX_EVENTS]
+
+    def adapt(self) -> int:
+        """Look at the costs since the last look and set the sampling rate; returns N."""
+        t = self.aggregator.totals()
+        prev = self._last_totals
+        sampled = t.sampled - prev.sampled
+        sampled_cost = t.sampled_cost_ns - prev.sampled_cost_ns
+        costs = sorted(self._sampled_costs)
+        self._sampled_costs.clear()
+        if len(costs) >= 10 and sampled > 0:
+            # The cost of a typical sampled call, without the slowest 10%: a hook preempted
+            # by another process looks expensive in wall time without costing any CPU, and
+            # would otherwise push the rate down for nothing.
+            kept = costs[: len(costs) - len(costs) // 10]
+            sampled_cost = int(sum(kept) / len(kept) * sampled)
+        period = Period(
+            calls=t.calls - prev.calls,
+            serving_ns=t.serving_ns - prev.serving_ns,
+            sampled=sampled,
+            sampled_cost_ns=sampled_cost,
+            fixed_cost_ns=(t.call_cost_ns - prev.call_cost_ns) + (t.background_ns - prev.background_ns),
+        )
+        self._last_totals = t
+        self._last_adapt = time.monotonic()
+        new = self.controller.update(period)
+        self._every = new
+        budget = self.config.budget
+        if budget is not None and (new >= 4 * self._reported_every or 4 * new <= self._reported_every):
+            direction = "lowered" if new > self._reported_every else "raised"
+            self._event(
+                "profiler",
+                "info",
+                f"per-layer sampling {direction} to 1 call in {new}: measured overhead "
+                f"{period.overhead:.3%} against a budget of {budget:.2%} ({self.controller.state})",
+                {"sample_every": new, "overhead": period.overhead, "budget": budget},
+            )
+            self._reported_every = new
+        return new
+
+    def close_window(self, *, wait: bool = True) -> Window:
+        """Turn pending sampled calls into rows, end the current window and return it, with
+        the host samples and events taken since the last one."""
+        self._drain(wait=wait)
+        before, self.aggregator.before_close = self.aggregator.before_close, None
+        try:
+            win = self.aggregator.close()
+        finally:
+            self.aggregator.before_close = before
+        win.host, self._host_rows = self._host_rows, []
+        win.events, self._events = self._events, []
+        win.profiler = self.status()
+        return win
+
+    def _write(self, batch: list[Window]) -> None:
+        """The exporter's sink: the user's sink, with drop accounting and its cost charged."""
+        t0 = _perf_ns()
+        dropped = self.dropped
+        batch[0].dropped = dropped - self._reported_dropped
+        try:
+            self._user_sink(batch)  # type: ignore[misc]
+            self._reported_dropped = dropped
+        finally:
+            self.aggregator.add_background(_perf_ns() - t0)
+
+    # ----------------------------------------------------------------- reporting
+
+    def status(self) -> dict[str, Any]:
+        """Where the profiler stands: rate, budget, measured overhead, what is on and why."""
+        t = self.aggregator.totals()
+        last = self.controller.last
+        counters = self._counters
+        return {
+            "sample_every": self._every,
+            "base_sample_every": self.config.sample_every,
+            "budget": self.config.budget,
+            "overhead": t.overhead,
+            "last_overhead": last.overhead if last is not None else None,
+            "state": self.controller.state,
+            "calls": t.calls,
+            "sampled": t.sampled,
+            "discarded": self.discarded,
+            "dropped": self.dropped,
+            "exported": self._exporter.exported if self._exporter is not None else 0,
+            "export_failures": self.export_failures,
+            "counters": counters.availability.summary() if counters is not None
+            else (self._counters_reason or "not started (no model watched yet)"),
+            "gpu": self.gpu_reason or ("CUDA events" if any(
+                t.gpu is not None for t in self._timers.values()) else "no CUDA module watched"),
+            "cupti": self.cupti_reason or ("on" if self._tracer is not None else "not in use"),
+            "host_samples": self._host.samples if self._host is not None else 0,
+        }
+
+    def _calibrate_begin(self) -> int:
+        """The cost of an unsampled ``begin`` (a counter and a modulo), in ns: measured once
+        here rather than timed on every call, where timing it would cost as much again."""
+        every = self._every
+        self._every = 1 << 62
+        dummy = nn.Identity()
+        runs = []
+        for _ in range(5):
+            t = _perf_ns()
+            for _ in range(200):
+                self.begin(dummy)
+            runs.append((_perf_ns() - t) / 200)
+        self._every = every
+        self._counter = itertools.count(1)
+        return int(statistics.median(runs))

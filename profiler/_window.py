@@ -2,7 +2,14 @@
 
 Each key (variant, shape bucket[, layer]) keeps a count, a sum and a bounded uniform sample
 (reservoir sampling) of its values, so memory stays bounded however busy a window is and
-quantiles come from the sample when the window closes.
+quantiles come from the sample when the window closes. The number of shape buckets per
+window is bounded too (:data:`MAX_BUCKETS`; the rest is counted under ``other``), so traffic
+with unbounded shapes cannot grow the window or the store.
+
+The aggregator also keeps the profiler's cost ledger: cumulative serving time and calls, the
+measured cost of every call's bookkeeping, of sampled calls and of background work. Window
+rows carry the cost as ``overhead`` (a fraction of that key's serving time); the rate
+controller reads the cumulative totals (:meth:`WindowAggregator.totals`).
 """
 
 from __future__ import annotations
@@ -11,17 +18,29 @@ import bisect
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 RESERVOIR = 512
+#: Most shape buckets kept per window; calls of further buckets are counted as ``other``.
+MAX_BUCKETS = 64
+OTHER_BUCKET = "other"
+#: Kernels kept per layer row (the longest by total time).
+TOP_KERNELS = 8
 #: Upper bounds (ms) of the request-latency histogram buckets; a last bucket holds the rest.
 #: Fixed, so windows from every process and every day add up (Prometheus histograms).
 LATENCY_BUCKETS_MS: tuple[float, ...] = (
     0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000,
 )
+
+_perf_ns = time.perf_counter_ns
+
+#: One layer of one sampled call: (name, op type, milliseconds, counters[, kernels]), where
+#: kernels are CUPTI records attributed to the layer: (name, duration ns, grid, block).
+LayerSample = tuple[Any, ...]
 
 
 class _Series:
@@ -47,36 +66,75 @@ class _Series:
                 self.sample[j] = value
 
     def stats(self) -> dict[str, float]:
-        p50, p95, p99 = np.percentile(np.asarray(self.sample), (50, 95, 99))
+        values = np.asarray(self.sample)
+        p50, p90, p95, p99 = np.percentile(values, (50, 90, 95, 99))
+        kept = values[values <= p90]
         return {
             "count": self.count,
             "mean_ms": self.total / self.count,
             "p50_ms": float(p50),
             "p95_ms": float(p95),
             "p99_ms": float(p99),
+            # the mean without the slowest 10%: a preempted call on a busy machine adds
+            # time to one layer only, and would otherwise reorder a ranking by itself
+            "trimmed_ms": float(kept.mean()) if kept.size else float(p50),
         }
 
 
 @dataclass
 class Window:
-    """One closed window: request rows and layer rows, ready for the store."""
+    """One closed window: request rows, layer rows, host samples and events, ready for the
+    store. ``dropped``: windows lost (queue full or a failed write) since the last window the
+    sink accepted; set by the profiler just before the sink sees this window."""
 
     start: float
     end: float
     requests: list[dict[str, Any]] = field(default_factory=list)
     layers: list[dict[str, Any]] = field(default_factory=list)
+    host: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    dropped: int = 0
+    profiler: dict[str, Any] = field(default_factory=dict)
+    sampled: list[dict[str, Any]] = field(default_factory=list)
+    """Per (variant, shape bucket): the sampled calls' own latency, net of the profiler's
+    time in them (what layer shares are shares of); not a store table."""
 
     @property
     def empty(self) -> bool:
-        return not self.requests and not self.layers
+        return not (self.requests or self.layers or self.host or self.events or self.dropped)
+
+
+@dataclass
+class Totals:
+    """Cumulative since the aggregator was made (never reset by a window)."""
+
+    calls: int = 0
+    serving_ns: int = 0
+    call_cost_ns: int = 0
+    sampled: int = 0
+    sampled_cost_ns: int = 0
+    background_ns: int = 0
+
+    @property
+    def cost_ns(self) -> int:
+        return self.call_cost_ns + self.sampled_cost_ns + self.background_ns
+
+    @property
+    def overhead(self) -> float:
+        return self.cost_ns / self.serving_ns if self.serving_ns else 0.0
 
 
 class WindowAggregator:
     """Thread-safe accumulation of call and layer timings for the current window."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, max_buckets: int = MAX_BUCKETS) -> None:
+        #: Called at the start of :meth:`close` (the profiler turns its pending sampled calls
+        #: into layer rows there, so closing the aggregator directly misses none).
+        self.before_close: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
+        self.max_buckets = max_buckets
+        self._totals = Totals()
         self._reset(time.time())
 
     def _reset(self, now: float) -> None:
@@ -87,7 +145,20 @@ class WindowAggregator:
         self._sampled: dict[tuple[Any, str], _Series] = {}
         self._layers: dict[tuple[Any, str, str, str], _Series] = {}
         self._counters: dict[tuple[Any, str, str, str], dict[str, float]] = {}
+        self._kernels: dict[tuple[Any, str, str, str], dict[tuple[str, Any, Any], list[int]]] = {}
         self._overhead_ns: dict[tuple[Any, str], int] = {}
+        self._incall_ns: dict[tuple[Any, str], int] = {}
+        self._background_ns = 0
+        self._buckets: set[str] = set()
+
+    def _bucket(self, bucket: str) -> str:
+        """The bucket to count under (``other`` past :attr:`max_buckets`); under the lock."""
+        if bucket in self._buckets:
+            return bucket
+        if len(self._buckets) < self.max_buckets:
+            self._buckets.add(bucket)
+            return bucket
+        return OTHER_BUCKET
 
     def add_call(
         self,
@@ -97,9 +168,14 @@ class WindowAggregator:
         *,
         error: bool = False,
         fallback: bool = False,
+        started_ns: int | None = None,
+        extra_cost_ns: int = 0,
     ) -> None:
-        key = (variant, bucket)
+        """One served call. ``started_ns`` (a ``perf_counter_ns`` reading): when the caller's
+        bookkeeping for this call began; the time from then until this method is done is
+        charged as profiler cost, plus ``extra_cost_ns``."""
         with self._lock:
+            key = (variant, self._bucket(bucket))
             series = self._calls.get(key)
             if series is None:
                 series = self._calls[key] = _Series(self._rng, histogram=True)
@@ -108,26 +184,42 @@ class WindowAggregator:
                 self._errors[key] = self._errors.get(key, 0) + 1
             if fallback:
                 self._fallbacks[key] = self._fallbacks.get(key, 0) + 1
+            t = self._totals
+            t.calls += 1
+            t.serving_ns += int(elapsed_ms * 1e6)
+            if started_ns is not None or extra_cost_ns:
+                cost = extra_cost_ns + (_perf_ns() - started_ns if started_ns is not None else 0)
+                self._overhead_ns[key] = self._overhead_ns.get(key, 0) + cost
+                t.call_cost_ns += cost
 
     def add_sampled_call(
         self,
         variant: Any,
         bucket: str,
         elapsed_ms: float,
-        layers: list[tuple[str, str, float, dict[str, float] | None]],
+        layers: list[Any],
         overhead_ns: int,
+        *,
+        incall_ns: int = 0,
     ) -> None:
-        """A call that was profiled per layer: its total and each layer's (name, op type,
-        milliseconds, counters)."""
-        key = (variant, bucket)
+        """A call that was profiled per layer: its total (net of the profiler's own time) and
+        each layer's (name, op type, milliseconds, counters[, kernels]). ``overhead_ns``: all
+        the profiler spent on it; ``incall_ns``: the part spent inside the timed call (hooks),
+        which is not serving time."""
         with self._lock:
+            key = (variant, self._bucket(bucket))
             s = self._sampled.get(key)
             if s is None:
                 s = self._sampled[key] = _Series(self._rng)
             s.add(elapsed_ms)
             self._overhead_ns[key] = self._overhead_ns.get(key, 0) + overhead_ns
-            for name, op_type, ms, counters in layers:
-                lkey = (variant, bucket, name, op_type)
+            self._incall_ns[key] = self._incall_ns.get(key, 0) + incall_ns
+            self._totals.sampled += 1
+            self._totals.sampled_cost_ns += overhead_ns
+            self._totals.serving_ns -= incall_ns
+            for layer in layers:
+                name, op_type, ms, counters = layer[0], layer[1], layer[2], layer[3]
+                lkey = (variant, key[1], name, op_type)
                 ls = self._layers.get(lkey)
                 if ls is None:
                     ls = self._layers[lkey] = _Series(self._rng)
@@ -136,36 +228,71 @@ class WindowAggregator:
                     acc = self._counters.setdefault(lkey, {})
                     for k, v in counters.items():
                         acc[k] = acc.get(k, 0.0) + v
+                kernels = layer[4] if len(layer) > 4 else None
+                if kernels:
+                    kacc = self._kernels.setdefault(lkey, {})
+                    for kname, dur_ns, grid, block in kernels:
+                        slot = kacc.setdefault((kname, grid, block), [0, 0])
+                        slot[0] += 1
+                        slot[1] += dur_ns
 
     def add_overhead(self, variant: Any, bucket: str, overhead_ns: int) -> None:
-        key = (variant, bucket)
+        """Cost that belongs to one key (e.g. a sampled call whose layers were discarded)."""
         with self._lock:
+            key = (variant, self._bucket(bucket))
             self._overhead_ns[key] = self._overhead_ns.get(key, 0) + overhead_ns
+            self._totals.sampled_cost_ns += overhead_ns
+
+    def add_background(self, cost_ns: int) -> None:
+        """Cost of background work (export, host samples, window processing): spread over the
+        window's request rows in proportion to their serving time when it closes."""
+        with self._lock:
+            self._background_ns += cost_ns
+            self._totals.background_ns += cost_ns
+
+    def totals(self) -> Totals:
+        with self._lock:
+            t = self._totals
+            return Totals(t.calls, t.serving_ns, t.call_cost_ns, t.sampled,
+                          t.sampled_cost_ns, t.background_ns)
 
     def close(self, now: float | None = None) -> Window:
         """End the current window and start the next; returns the closed one."""
+        if self.before_close is not None:
+            self.before_close()
         now = time.time() if now is None else now
         with self._lock:
             start = self._start
             calls, errors, fallbacks = self._calls, self._errors, self._fallbacks
             sampled, layers, counters = self._sampled, self._layers, self._counters
+            kernels = self._kernels
             overhead = self._overhead_ns
+            incall = self._incall_ns
+            background = self._background_ns
             self._reset(now)
         win = Window(start=start, end=now)
+        busy_all = sum(s.total for s in calls.values()) * 1e6
         for (variant, bucket), series in calls.items():
             row = series.stats()
             busy_ns = series.total * 1e6
+            cost = overhead.get((variant, bucket), 0)
+            if busy_all:
+                cost += background * busy_ns / busy_all
+            busy_ns = max(busy_ns - incall.get((variant, bucket), 0), 1.0)  # hooks: not serving
             row.update(
                 variant=variant,
                 shape_bucket=bucket,
                 errors=errors.get((variant, bucket), 0),
                 fallbacks=fallbacks.get((variant, bucket), 0),
                 sampled=sampled[(variant, bucket)].count if (variant, bucket) in sampled else 0,
-                overhead=overhead.get((variant, bucket), 0) / busy_ns if busy_ns else 0.0,
+                overhead=cost / busy_ns if busy_ns else 0.0,
                 histogram=list(series.buckets or ()),
             )
             win.requests.append(row)
-        for (variant, bucket, name, op_type), series in layers.items():
+        for (variant, bucket), series in sampled.items():
+            win.sampled.append({**series.stats(), "variant": variant, "shape_bucket": bucket})
+        for lkey, series in layers.items():
+            variant, bucket, name, op_type = lkey
             call_total = sampled[(variant, bucket)].total
             row = series.stats()
             row.update(
@@ -174,7 +301,14 @@ class WindowAggregator:
                 layer=name,
                 op_type=op_type,
                 share=series.total / call_total if call_total else 0.0,
-                counters=counters.get((variant, bucket, name, op_type)),
+                counters=counters.get(lkey),
             )
+            if lkey in kernels:
+                top = sorted(kernels[lkey].items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+                row["kernels"] = [
+                    {"name": k[0], "grid": list(k[1]), "block": list(k[2]), "count": v[0],
+                     "total_ms": v[1] / 1e6}
+                    for k, v in top
+                ]
             win.layers.append(row)
         return win

@@ -1,0 +1,141 @@
+"""The exporter: batches, a bounded queue that drops the oldest and counts, failures that
+never stop it, and the drop count reaching the store's rows."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiler import Exporter, Profiler, ProfilerConfig, Window
+
+
+def _wait(cond: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_slow_sink_makes_the_queue_drop_the_oldest_and_count_them() -> None:
+    release = threading.Event()
+    written: list[list[int]] = []
+
+    def slow(items: list[int]) -> None:
+        release.wait(10)
+        written.append(items)
+
+    ex = Exporter(slow, max_queue=3, batch=10)
+    ex.start()
+    ex.offer(0)
+    _wait(lambda: ex.queued == 0)  # the writer holds item 0 and blocks in the sink
+    for i in range(1, 11):
+        assert ex.offer(i)  # never blocks, never refuses
+    assert ex.dropped == 7 and ex.queued == 3
+    release.set()
+    assert ex.wait_idle(10)
+    ex.stop()
+    assert written == [[0], [8, 9, 10]]  # the newest survived, in one batch
+    assert ex.exported == 4 and ex.failures == 0
+
+
+def test_a_failing_sink_loses_the_batch_counts_it_and_keeps_going() -> None:
+    calls: list[list[int]] = []
+
+    def flaky(items: list[int]) -> None:
+        calls.append(items)
+        if len(calls) == 1:
+            raise RuntimeError("store is down")
+
+    ex = Exporter(flaky, max_queue=8, batch=2)
+    ex.offer(1)
+    ex.offer(2)
+    ex.offer(3)
+    ex.start()
+    assert ex.wait_idle(10)
+    ex.stop()
+    assert calls == [[1, 2], [3]]
+    assert ex.failures == 1 and ex.dropped == 2 and ex.exported == 1
+    assert ex.last_error == "RuntimeError: store is down"
+
+
+def test_wait_idle_waits_for_the_batch_being_written() -> None:
+    done: list[int] = []
+
+    def sink(items: list[int]) -> None:
+        time.sleep(0.2)
+        done.extend(items)
+
+    ex = Exporter(sink)
+    ex.start()
+    ex.offer(1)
+    _wait(lambda: ex.queued == 0)
+    assert ex.wait_idle(5) and done == [1]  # not just "the queue is empty"
+    ex.stop()
+
+
+def test_stop_writes_what_is_queued() -> None:
+    got: list[int] = []
+    ex = Exporter(got.extend, max_queue=100, batch=7)
+    for i in range(20):
+        ex.offer(i)
+    ex.start()
+    ex.stop()
+    assert got == list(range(20))
+
+
+def test_none_is_not_offered() -> None:
+    ex = Exporter(lambda items: None)
+    assert ex.offer(None) is False and ex.queued == 0
+
+
+def test_windows_lost_to_a_slow_store_are_counted_in_the_next_written_window() -> None:
+    release = threading.Event()
+    written: list[Window] = []
+
+    def slow(windows: list[Window]) -> None:
+        release.wait(10)
+        written.extend(windows)
+
+    prof = Profiler(ProfilerConfig(window_s=0.02, max_queue=2, export_batch=1, host_interval_s=None),
+                    sink=slow)
+    prof.start()
+    try:
+        deadline = time.monotonic() + 10
+        while prof.dropped < 3 and time.monotonic() < deadline:
+            prof.aggregator.add_call(1, "b1", 1.0)
+            time.sleep(0.01)
+        assert prof.dropped >= 3
+    finally:
+        release.set()
+        prof.stop()
+    # the first window written after the loss carries the count; the rest say 0
+    assert sum(w.dropped for w in written) == prof.dropped
+    assert any(w.dropped > 0 for w in written)
+
+
+def test_model_calls_never_wait_for_a_stuck_store() -> None:
+    stuck = threading.Event()
+    model = nn.Sequential(nn.Linear(8, 8))
+    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, window_s=0.01, max_queue=1,
+                                   host_interval_s=None), sink=lambda ws: stuck.wait(30))
+    prof.watch(model)
+    prof.start()
+    x = torch.ones(1, 8)
+    worst = 0.0
+    try:
+        for _ in range(200):
+            t0 = time.perf_counter()
+            token = prof.begin(model)
+            model(x)
+            prof.end(token, 1, (x,), {}, 1000)
+            worst = max(worst, time.perf_counter() - t0)
+        time.sleep(0.1)
+    finally:
+        stuck.set()
+        prof.stop(flush=False)
+    assert prof.dropped > 0
+    assert worst < 0.5  # never blocked on the sink (which waits up to 30 s)
