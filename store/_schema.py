@@ -258,3 +258,30 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(50))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict | None] = mapped_column(JSON)
+
+
+class LayerSensitivity(Base):
+    """Per-layer sensitivity (``compiler.sensitivity``): the model's output error when only this
+    layer takes this choice, for one version of the model's graph. The search orders and prunes
+    its per-layer choices with it; ``pgc profile --sensitivity`` shows it."""
+
+    __tablename__ = "pgc_layer_sensitivity"
+    __table_args__ = (
+        UniqueConstraint("model_id", "graph_hash", "layer", "choice"),
+        Index("ix_pgc_layer_sensitivity_model_graph", "model_id", "graph_hash"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("pgc_models.id", ondelete="CASCADE"))
+    graph_hash: Mapped[str] = mapped_column(String(64))
+    layer: Mapped[str] = mapped_column(String(300))
+    choice: Mapped[str] = mapped_column(String(50))
+    metric: Mapped[str] = mapped_column(String(32))
+    fidelity: Mapped[float | None] = mapped_column(Float)
+    rms: Mapped[float | None] = mapped_column(Float)
+    sqnr_db: Mapped[float | None] = mapped_column(Float)
+    max_abs: Mapped[float | None] = mapped_column(Float)
+    layer_sqnr_db: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(Text)
+    inputs: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -545,3 +545,89 @@ def list_events(
     if kind is not None:
         q = q.where(Event.kind == kind)
     return s.scalars(q.order_by(Event.id.desc()).limit(limit)).all()
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+from store._schema import LayerSensitivity  # noqa: E402  (appended section; see below)
+
+_SENSITIVITY_FIELDS = (
+    "metric", "fidelity", "rms", "sqnr_db", "max_abs", "layer_sqnr_db", "status", "inputs",
+)
+
+
+def save_sensitivity(
+    s: Session, model_id: int, graph_hash: str, rows: Iterable[Mapping[str, Any]]
+) -> int:
+    """Store per-layer sensitivity for one graph (model version) of a model, one row per
+    (layer, choice), as ``compiler.SensitivityReport.to_rows()`` gives them. A (layer, choice)
+    measured again replaces its row. Returns the number of rows written."""
+    existing = {
+        (r.layer, r.choice): r
+        for r in s.scalars(
+            select(LayerSensitivity).where(
+                LayerSensitivity.model_id == model_id, LayerSensitivity.graph_hash == graph_hash
+            )
+        )
+    }
+    now = time.time()
+    n = 0
+    for row in rows:
+        key = (str(row["layer"]), str(row["choice"]))
+        values = {f: row.get(f) for f in _SENSITIVITY_FIELDS}
+        values["status"] = values["status"] or "ok"
+        values["inputs"] = int(values["inputs"] or 0)
+        rec = existing.get(key)
+        if rec is None:
+            rec = LayerSensitivity(
+                model_id=model_id, graph_hash=graph_hash, layer=key[0], choice=key[1]
+            )
+            s.add(rec)
+            existing[key] = rec
+        for f, v in values.items():
+            setattr(rec, f, v)
+        rec.created_at = now
+        n += 1
+    s.flush()
+    return n
+
+
+def load_sensitivity(
+    s: Session, model_id: int, graph_hash: str | None = None, *, choice: str | None = None
+) -> list[LayerSensitivity]:
+    """Sensitivity rows of one graph of a model (default: the graph measured last), most
+    sensitive first: lowest fidelity, then lowest SQNR; rows without numbers (layers that
+    cannot take the choice) last."""
+    if graph_hash is None:
+        graph_hash = s.scalars(
+            select(LayerSensitivity.graph_hash)
+            .where(LayerSensitivity.model_id == model_id)
+            .order_by(LayerSensitivity.created_at.desc(), LayerSensitivity.id.desc())
+            .limit(1)
+        ).first()
+        if graph_hash is None:
+            return []
+    q = select(LayerSensitivity).where(
+        LayerSensitivity.model_id == model_id, LayerSensitivity.graph_hash == graph_hash
+    )
+    if choice is not None:
+        q = q.where(LayerSensitivity.choice == choice)
+    rows = list(s.scalars(q))
+    rows.sort(
+        key=lambda r: (
+            r.fidelity is None,
+            r.fidelity if r.fidelity is not None else 0.0,
+            r.sqnr_db if r.sqnr_db is not None else 0.0,
+            r.layer,
+            r.choice,
+        )
+    )
+    return rows
+
+
+def delete_sensitivity(s: Session, model_id: int, graph_hash: str | None = None) -> int:
+    """Forget a model's sensitivity (of one graph, or of every graph)."""
+    q = delete(LayerSensitivity).where(LayerSensitivity.model_id == model_id)
+    if graph_hash is not None:
+        q = q.where(LayerSensitivity.graph_hash == graph_hash)
+    return int(s.execute(q).rowcount or 0)
