@@ -304,6 +304,14 @@ class WindowAggregator:
                 counters=counters.get(lkey),
             )
             if lkey in kernels:
+                # numbers the store keeps with the layer's counters (summed like them) ...
+                ks = kernels[lkey].values()
+                row["counters"] = {
+                    **(row["counters"] or {}),
+                    "cupti_kernels": float(sum(v[0] for v in ks)),
+                    "cupti_kernel_ms": sum(v[1] for v in ks) / 1e6,
+                }
+                # ... and the kernels themselves (name, grid, block) for reports
                 top = sorted(kernels[lkey].items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
                 row["kernels"] = [
                     {"name": k[0], "grid": list(k[1]), "block": list(k[2]), "count": v[0],

@@ -104,6 +104,8 @@ def test_window_rows_carry_the_longest_kernels_of_each_layer() -> None:
     assert row["kernels"][0] == {"name": "gemm_a", "grid": [8, 1, 1], "block": [128, 1, 1],
                                  "count": 2, "total_ms": 6.0}
     assert [k["name"] for k in row["kernels"]] == ["gemm_a", "gemm_b"]
+    # what the store keeps of them: summable numbers beside the layer's other counters
+    assert row["counters"] == {"cupti_kernels": 4.0, "cupti_kernel_ms": 8.0}
 
 
 def _cuda_model() -> nn.Module:

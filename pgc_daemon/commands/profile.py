@@ -1,0 +1,275 @@
+"""``pgc profile MODEL_SPEC``: an offline per-layer report, with suggestions.
+
+Every call on the spec's example inputs is profiled per layer through the live profiler's own
+code (hooks, perf counters, CUDA events and CUPTI on a GPU), then one torch.profiler pass
+measures time lost to layout conversions. Suggestions: layers (and repeated roles, such as
+every block's feed-forward) above 15% of the time are quantization or fusion candidates; op
+types with a fast int8 (or bf16) path on this hardware, from ``compiler.probe()``; layout
+conversions worth removing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pgc_daemon.commands._base import UsageError
+
+ORDER = 30
+
+HOT = 0.15
+#: Op types with int8 kernels (oneDNN / FBGEMM on CPU, tensor cores on GPU).
+INT8_OPS = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "LSTM", "GRU"})
+LAYOUT_WORTH = 0.02
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="per-layer profile of a MODEL_SPEC, with suggestions",
+        description="Profile every layer of the model a MODEL_SPEC builds, on its example "
+        "inputs: latency share (latency_ratio), mean and p95, perf counters, and suggestions.",
+    )
+    p.add_argument("spec", metavar="MODEL_SPEC", help="package.module:function (see the README)")
+    p.add_argument("--rounds", type=int, default=3, help="passes over the inputs (default 3)")
+    p.add_argument("--inputs", type=int, default=16, help="example inputs used at most (default 16)")
+    p.add_argument("--top", type=int, default=15, help="layers in the table (default 15)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
+    p.add_argument("--no-counters", action="store_true", help="skip perf counters")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.rounds < 1 or args.inputs < 1 or args.top < 1:
+        raise UsageError("--rounds, --inputs and --top must be positive")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be positive")
+
+
+def _to(value: Any, device: str) -> Any:
+    import torch  # noqa: PLC0415
+
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def suggestions(report: dict[str, Any], hardware: Any) -> list[dict[str, Any]]:
+    """What the profile suggests, most valuable first."""
+    out: list[dict[str, Any]] = []
+    for r in report["layers"]:
+        if r["latency_ratio"] > HOT:
+            out.append({
+                "kind": "hot_layer", "target": r["layer"], "latency_ratio": r["latency_ratio"],
+                "message": f"{r['layer']} ({r['op_type']}) takes {r['latency_ratio']:.0%} of the "
+                "time: a quantization or fusion candidate",
+            })
+    for g in report["groups"]:
+        if g["layers"] > 1 and g["latency_ratio"] > HOT:
+            out.append({
+                "kind": "hot_group", "target": g["group"], "latency_ratio": g["latency_ratio"],
+                "message": f"{g['group']} ({g['layers']} × {g['op_type']}) take "
+                f"{g['latency_ratio']:.0%} of the time together: quantization or fusion "
+                "candidates, one choice for all of them",
+            })
+    by_op: dict[str, float] = {}
+    for r in report["layers"]:
+        by_op[r["op_type"]] = by_op.get(r["op_type"], 0.0) + r["latency_ratio"]
+    int8_share = sum(v for k, v in by_op.items() if k in INT8_OPS)
+    ops = ", ".join(sorted(k for k in by_op if k in INT8_OPS))
+    feats = hardware.features
+    if report["device"] == "cuda":
+        cap = hardware.gpu_capability
+        fast8 = cap is not None and tuple(cap) >= (7, 5)
+        path = f"int8 tensor cores (sm_{cap[0]}{cap[1]})" if fast8 and cap else None
+    else:
+        fast8 = hardware.int8_fast
+        names = [n for n, k in (("AMX-INT8", "amx_int8"), ("AVX512-VNNI", "avx512_vnni"),
+                                ("AVX-VNNI", "avx_vnni")) if feats.get(k)]
+        path = " and ".join(names) if names else None
+    if int8_share > 0.05 and fast8:
+        out.append({
+            "kind": "int8_path", "target": ops, "latency_ratio": int8_share,
+            "message": f"{ops} layers carry {int8_share:.0%} of the time and this hardware has "
+            f"{path}: int8 (dynamic, per-channel) has a fast path here; compile it (Inductor) "
+            "to get it, eager int8 is slower",
+        })
+    elif int8_share > 0.05:
+        bf16 = hardware.bf16_fast
+        out.append({
+            "kind": "int8_path", "target": ops, "latency_ratio": int8_share,
+            "message": f"{ops} layers carry {int8_share:.0%} of the time but this CPU has no "
+            "VNNI or AMX: int8 gains little here"
+            + ("; bf16 has a fast path (AVX512-BF16/AMX-BF16)" if bf16 else ""),
+        })
+    if report["device"] != "cuda" and hardware.bf16_fast and int8_share > 0.05:
+        out.append({
+            "kind": "bf16_path", "target": ops, "latency_ratio": int8_share,
+            "message": "bf16 has a fast path on this CPU (AVX512-BF16/AMX-BF16): a lower-risk "
+            "alternative to int8 for accuracy-sensitive layers",
+        })
+    layout = report.get("layout") or {}
+    if layout.get("ratio", 0.0) > LAYOUT_WORTH:
+        where = next(iter(layout.get("layers", {})), "?")
+        what = next(iter(layout.get("ops", {})), "?")
+        out.append({
+            "kind": "layout", "target": where, "latency_ratio": layout["ratio"],
+            "message": f"{layout['ms_per_call']:.2f} ms per call ({layout['ratio']:.1%}) goes to "
+            f"layout conversions, mostly {what} in {where}: keep one layout end to end "
+            "(channels_last for convolutions) or fuse the conversion away",
+        })
+    elif layout:
+        out.append({
+            "kind": "layout", "target": None, "latency_ratio": layout.get("ratio", 0.0),
+            "message": f"layout conversions take {layout.get('ratio', 0.0):.1%} of the time: "
+            "nothing to gain there",
+        })
+    return out
+
+
+def _busy() -> str | None:
+    """A description of the load when runnable work exceeds the cores this process may use."""
+    import os  # noqa: PLC0415
+
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    except OSError:
+        return None
+    return f"load {load:.1f} on {cores} cores" if load > cores else None
+
+
+def _progress(enabled: bool) -> Any:
+    tty = sys.stderr.isatty()
+    state = {"shown": -1}
+
+    def show(done: int, total: int) -> None:
+        if not enabled:
+            return
+        pct = 100 * done // total
+        if tty:
+            print(f"\rpgc profile: {done}/{total} calls", end="", file=sys.stderr, flush=True)
+            if done == total:
+                print(file=sys.stderr)
+        elif pct // 25 != state["shown"]:
+            state["shown"] = pct // 25
+            print(f"pgc profile: {done}/{total} calls", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _counter_text(r: dict[str, Any]) -> str:
+    c = r.get("counters") or {}
+    d = r.get("derived") or {}
+    parts = []
+    if "ipc" in d:
+        parts.append(f"IPC {d['ipc']:.2f}")
+    if "cache_miss_rate" in d:
+        parts.append(f"miss {d['cache_miss_rate']:.1%}")
+    if "task_clock_ns" in c:
+        parts.append(f"cpu {c['task_clock_ns'] / 1e6:.2f}ms")
+    if "context_switches" in c:
+        parts.append(f"cs {c['context_switches']:.2f}")
+    if "page_faults" in c:
+        parts.append(f"pf {c['page_faults']:.1f}")
+    if "cpu_ms" in c:
+        parts.append(f"host {c['cpu_ms']:.2f}ms")
+    return " ".join(parts)
+
+
+def render(report: dict[str, Any], top: int) -> None:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=False,
+                      width=None if sys.stdout.isatty() else 160)
+    call = report["call"]
+    threads = report.get("threads_note") or f"{report['threads']} threads"
+    console.print(
+        f"[bold]{report['spec']}[/bold] on {report['device']} ({report['hardware']}; {threads}), "
+        f"{report['calls']} calls: p50 {call['p50_ms']:.2f} ms, p95 {call['p95_ms']:.2f} ms; "
+        f"counters: {report['counters']}"
+    )
+    table = Table(title=f"hottest layers (of {len(report['layers'])})", title_justify="left")
+    for col, just in (("#", "right"), ("layer", "left"), ("op", "left"), ("latency_ratio", "right"),
+                      ("mean ms", "right"), ("p95 ms", "right"), ("counters / call", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for i, r in enumerate(report["layers"][:top], 1):
+        table.add_row(str(i), r["layer"], r["op_type"], f"{r['latency_ratio']:.1%}",
+                      f"{r['mean_ms']:.3f}", f"{r['p95_ms']:.3f}", _counter_text(r))
+    console.print(table)
+    groups = [g for g in report["groups"] if g["layers"] > 1][:5]
+    if groups:
+        gt = Table(title="repeated roles", title_justify="left")
+        for col in ("group", "layers", "latency_ratio"):
+            gt.add_column(col)
+        for g in groups:
+            gt.add_row(g["group"], str(g["layers"]), f"{g['latency_ratio']:.1%}")
+        console.print(gt)
+    console.print("[bold]suggestions[/bold]")
+    for s in report["suggestions"]:
+        console.print(f"  • {s['message']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    import torch  # noqa: PLC0415
+
+    from compiler import probe  # noqa: PLC0415
+    from pgc_daemon.modelspec import load_spec  # noqa: PLC0415
+    from profiler import cuda_status, layout_conversions, profile_model  # noqa: PLC0415
+
+    threads_note = None
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif torch.get_num_threads() > 1 and _busy():
+        # On a machine already busy, a multi-threaded forward pass mostly waits for its own
+        # worker threads to be scheduled; every op then looks alike and the ranking is noise.
+        threads_note = (f"1 thread: the machine is busy ({_busy()}); pass --threads to choose")
+        torch.set_num_threads(1)
+    if args.device == "cuda":
+        ok, why = cuda_status()
+        if not ok:
+            raise UsageError(f"--device cuda: {why}")
+    spec = load_spec(args.spec)
+    model = spec.model.to(args.device) if args.device != "cpu" else spec.model
+    examples = [_to(ex, args.device) for ex in spec.examples[: args.inputs]]
+    show = _progress(True)
+    try:
+        profile = profile_model(
+            model, examples, rounds=args.rounds, counters=not args.no_counters, progress=show
+        )
+    except Exception as exc:  # noqa: BLE001 - the spec's model or inputs are the input here
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UsageError(
+            f"{args.spec}: the model failed on its example inputs: {type(exc).__name__}: {text}"
+        ) from None
+    report = profile.to_dict()
+    try:
+        report["layout"] = layout_conversions(model, examples)
+    except Exception as exc:  # noqa: BLE001 - the layout pass is an extra, not the report
+        report["layout"] = {"error": f"{type(exc).__name__}: {exc}"}
+    hardware = probe()
+    report.update(
+        spec=args.spec,
+        threads=torch.get_num_threads(),
+        threads_note=threads_note,
+        hardware=hardware.summary(),
+        int8_fast=hardware.int8_fast,
+        bf16_fast=hardware.bf16_fast,
+    )
+    report["suggestions"] = suggestions(report, hardware)
+    render(report, args.top)
+    if args.json:
+        print(json.dumps(report, default=str), flush=True)
+    return 0

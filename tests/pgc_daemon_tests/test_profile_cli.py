@@ -1,0 +1,162 @@
+"""``pgc profile`` and ``pgc doctor``: their reports, their JSON, and one readable line with
+exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from compiler import probe
+from pgc_daemon.cli import run
+from pgc_daemon.commands.doctor import compatibility
+
+FFN = (".intermediate.dense", ".output.dense")
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _last_json(out: str) -> dict[str, Any]:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_profile_puts_minilms_feed_forward_layers_at_the_top(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(["profile", "pgc_daemon.examples.minilm:build", "--rounds", "2", "--inputs", "6",
+                "--threads", "1", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = _last_json(out)
+    top = [r["layer"] for r in report["layers"][:6]]
+    assert all(name.endswith(FFN) and "attention" not in name for name in top), top
+    groups = [g["group"] for g in report["groups"][:2]]
+    assert sorted(groups) == ["encoder.encoder.layer.*.intermediate.dense",
+                              "encoder.encoder.layer.*.output.dense"]
+    hot = [s for s in report["suggestions"] if s["kind"] in ("hot_group", "hot_layer")]
+    assert hot and all(s["target"].endswith(FFN) for s in hot)
+    assert sum(r["latency_ratio"] for r in report["layers"]) == pytest.approx(1.0, abs=1e-6)
+    first = report["layers"][0]
+    assert first["p95_ms"] >= first["p50_ms"] > 0 and first["mean_ms"] > 0
+    assert report["shapes"] == {"b1 s128": 12} and report["calls"] == 12
+    assert "latency_ratio" in out and "suggestions" in out  # the table came first
+
+
+def test_profile_of_the_cnn_with_counters_and_hardware_suggestions(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(["profile", "pgc_daemon.examples.digits:cnn", "--rounds", "2", "--inputs", "4", "--json"])
+    report = _last_json(capsys.readouterr().out)
+    assert code == 0 and report["device"] == "cpu"
+    layers = {r["layer"]: r for r in report["layers"]}
+    assert {"features.0", "features.3", "head.1"} <= set(layers)
+    from profiler import counter_availability
+
+    events = set(counter_availability().events)
+    assert set(layers["features.3"]["counters"] or {}) == events  # perf counters per layer
+    kinds = {s["kind"] for s in report["suggestions"]}
+    assert "layout" in kinds and report["layout"]["ratio"] >= 0
+    assert ("int8_path" in kinds) == any(r["op_type"] in ("Conv2d", "Linear") for r in report["layers"])
+    int8 = next(s for s in report["suggestions"] if s["kind"] == "int8_path")
+    assert ("fast path" in int8["message"]) == probe().int8_fast
+
+
+@pytest.fixture
+def broken_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "pgc_broken_spec.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Linear(3, 3), [torch.zeros(2, 5)]  # inputs of the wrong width\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "pgc_broken_spec:build"
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["profile", "no_such_module_here:build"], "cannot import"),
+        (["profile", "not-a-spec"], "package.module:function"),
+        (["profile", "pgc_daemon.examples.digits:nothing"], "has no function"),
+        (["profile", "pgc_daemon.examples.digits:cnn", "--rounds", "0"], "must be positive"),
+        (["profile", "pgc_daemon.examples.digits:cnn", "--threads", "0"], "must be positive"),
+        (["profile", "BROKEN"], "failed on its example inputs"),
+    ],
+)
+def test_profile_bad_input_is_one_line_and_exit_2(
+    argv: list[str], says: str, broken_spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [broken_spec if a == "BROKEN" else a for a in argv]
+    code = run(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("pgc profile: error") and says in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_profile_on_cuda_without_a_gpu_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(["profile", "pgc_daemon.examples.digits:cnn", "--device", "cuda"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("pgc profile: error: --device cuda:")
+    assert "CPU-only build" in err or "no CUDA device" in err
+
+
+def test_the_real_command_line_exits_2_with_one_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "pgc_daemon.cli", "profile", "nope"],
+                         capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr
+
+
+def test_doctor_reports_versions_features_and_what_pgc_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(["doctor", "--json"])
+    out = capsys.readouterr().out
+    report = _last_json(out)
+    assert code == 0
+    assert report["torch"]["version"] == torch.__version__
+    assert report["torch"]["cuda_build"] == torch.version.cuda
+    hw = probe()
+    cpu = report["cpu"]
+    assert cpu["avx2"] == hw.features["avx2"] and cpu["avx512"] == hw.features["avx512"]
+    assert cpu["vnni"] == bool(hw.features["avx512_vnni"] or hw.features["avx_vnni"])
+    assert cpu["amx"] == bool(hw.features["amx_int8"] or hw.features["amx_bf16"])
+    assert cpu["bf16"] == bool(hw.features["avx512_bf16"] or hw.features["amx_bf16"])
+    assert cpu["int8_fast"] == hw.int8_fast
+    from profiler import counter_availability
+
+    assert report["perf_counters"]["mode"] == counter_availability().mode
+    assert report["perf_counters"]["events"] == list(counter_availability().events)
+    assert report["triton"]["version"] is not None  # installed with pgc
+    assert any(u.startswith("per-layer CPU counters") for u in report["uses"])
+    assert any(u.startswith("int8") for u in report["uses"])
+    if not torch.cuda.is_available():
+        assert report["cupti"]["available"] is False and report["cupti"]["detail"]
+        assert report["cuda"]["devices"] == [] and report["cuda"]["compatible"] is None
+        assert any(u.startswith("GPU profiling: off") for u in report["uses"])
+    for label in ("torch", "CUPTI", "Triton", "perf counters", "CPU", "pgc will use"):
+        assert label in out
+
+
+@pytest.mark.parametrize(
+    "runtime,driver,ok,says",
+    [
+        (None, None, None, "CPU-only"),
+        ("12.4", "12.8", True, "supports CUDA 12.8 >= 12.4"),
+        ("12.8", "12.4", True, "minor-version compatibility"),
+        ("13.0", "12.8", False, "torch needs 13.0"),
+        ("12.4", None, False, "none was found"),
+    ],
+)
+def test_cuda_compatibility(runtime: str | None, driver: str | None, ok: bool | None, says: str) -> None:
+    got, why = compatibility(runtime, driver)
+    assert got is ok and says in why
