@@ -115,6 +115,16 @@ async function getJSON(path) {
   return r.body;
 }
 
+const drawnFrom = {};
+
+function unchanged(id, input) {
+  // Redrawing an unchanged chart would close an open tooltip on every refresh.
+  const key = JSON.stringify(input);
+  if (drawnFrom[id] === key) return true;
+  drawnFrom[id] = key;
+  return false;
+}
+
 function chart(id) {
   if (!charts[id]) {
     charts[id] = echarts.init(document.getElementById(id), null, { renderer: "canvas" });
@@ -224,6 +234,7 @@ function frontTip(p) {
 
 function renderFront(front) {
   const yKind = $("#front-y").value;
+  if (unchanged("front-chart", [front, yKind])) return;
   const yOf = (p) => (yKind === "speedup" ? p.speedup : p.latency_ms);
   const drawable = front.points.filter((p) => yOf(p) !== null && p.accuracy_drop !== null);
   const point = (p) => ({ value: [p.accuracy_drop, yOf(p)], point: p });
@@ -365,6 +376,8 @@ function renderFront(front) {
 // ------------------------------------------------------------------ layers
 
 function renderLayers(m, baseProfile, activeProfile) {
+  const layerInput = [m.active, baseProfile && baseProfile.layers, activeProfile && activeProfile.layers];
+  if (unchanged("layers-chart", layerInput)) return;
   const base = baseProfile ? baseProfile.layers.slice(0, TOP_LAYERS) : [];
   const names = base.map((r) => r.layer);
   const active = m.active;
