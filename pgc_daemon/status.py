@@ -178,8 +178,9 @@ def timeline_summary(
     does). Markers: a variant became active (``deployed``, or ``rollback`` when a rollback
     did it), a variant was reverted (``rolled_back``), a deployment ``failed``.
     """
-    until = time.time() if until is None else until
-    windows = [w for w in st.repo.request_windows(s, model.id, since=since) if w.window_end <= until]
+    windows = list(st.repo.request_windows(s, model.id, since=since))
+    # windows a little ahead of this host's clock (another host's agent) still show
+    until = max(time.time() if until is None else until, max((w.window_end for w in windows), default=0.0))
     start = max(since, min((w.window_start for w in windows), default=since))
     step = max((until - start) / max(points, 1), 1e-3)
     variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
@@ -197,7 +198,7 @@ def timeline_summary(
             vid,
             {
                 "variant_id": vid,
-                "label": v.label if v else "unregistered",
+                "label": v.label if v else "before registration",
                 "is_baseline": v is not None and v.recipe_hash == BASELINE_HASH,
                 "points": [],
             },

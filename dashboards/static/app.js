@@ -282,7 +282,8 @@ function renderFront(front) {
   }
 
   // the axis must show the target lines too, not only the points
-  const yTop = Math.max(...drawable.map(yOf), ...lines.filter((l) => l.yAxis !== undefined).map((l) => l.yAxis), 1e-9);
+  const yValues = [...drawable.map(yOf), ...lines.filter((l) => l.yAxis !== undefined).map((l) => l.yAxis)];
+  const yTop = yValues.length ? Math.max(...yValues) : 1;
 
   chart("front-chart").setOption(
     {
@@ -366,8 +367,15 @@ function renderFront(front) {
     `${drawable.length} variants timed: ${feasible.length} feasible, ${infeasible.length} infeasible, ` +
       `${pareto.length} on the Pareto front. Hover a point for its recipe.`
   );
-  if (front.message) notes.push(`Search: ${front.message}`);
-  if (front.points.length === 0) notes.push("No timed trial yet: the first search starts once enough live traffic is profiled.");
+  if (front.message) notes.push(`Search: ${front.message.replace(/\.?$/, ".")}`);
+  if (front.points.length === 0) {
+    const running = state.data.searches && state.data.searches[0] && ["queued", "running"].includes(state.data.searches[0].state);
+    notes.push(
+      running
+        ? "The search is running: variants appear here as their trials are timed."
+        : "No timed trial yet: the first search starts once enough live traffic is profiled."
+    );
+  }
   const noteEl = $("#front-note");
   noteEl.textContent = notes.join(" ");
   noteEl.classList.toggle("warn", front.feasible === 0 && front.points.length > 0);
@@ -441,7 +449,7 @@ function renderLayers(m, baseProfile, activeProfile) {
         type: "category",
         data: names,
         inverse: true,
-        axisLabel: { width: 190, overflow: "truncate", fontSize: 11 },
+        axisLabel: { fontSize: 11, formatter: (n) => (n.length > 38 ? `…${n.slice(-37)}` : n) },
       },
       series,
     },
@@ -455,14 +463,19 @@ function renderTimeline(tl) {
   const q = $("#timeline-q").value;
   const series = [];
   tl.series.forEach((s, i) => {
+    // a gap (the variant did not serve) breaks the line; gaps are judged against the
+    // series' usual spacing, since statistics windows may be longer than a step
+    const spacing = s.points.slice(1).map((p, j) => p.t - s.points[j].t).sort((a, b) => a - b);
+    const usual = spacing.length ? spacing[Math.floor(spacing.length / 2)] : tl.step_s;
+    const gap = Math.max(3 * tl.step_s, 2.5 * usual);
     const data = [];
     let last = null;
     for (const p of s.points) {
-      if (last !== null && p.t - last > 3 * tl.step_s) data.push([(last + tl.step_s) * 1000, null]);
+      if (last !== null && p.t - last > gap) data.push([(last + usual) * 1000, null]);
       data.push([p.t * 1000, p[`${q}_ms`]]);
       last = p.t;
     }
-    const color = s.is_baseline ? "#667085" : COLORS[i % COLORS.length];
+    const color = s.is_baseline || s.variant_id === null ? "#667085" : COLORS[i % COLORS.length];
     series.push({
       name: s.label,
       type: "line",
@@ -470,7 +483,7 @@ function renderTimeline(tl) {
       showSymbol: data.length < 60,
       symbolSize: 4,
       connectNulls: false,
-      lineStyle: { width: s.is_baseline ? 1.5 : 2, color },
+      lineStyle: { width: s.is_baseline ? 1.5 : 2, color, type: s.variant_id === null ? "dotted" : "solid" },
       itemStyle: { color },
     });
   });

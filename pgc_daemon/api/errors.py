@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request, status
@@ -9,7 +10,6 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 import store as st
 from compiler import CompilerError
@@ -42,18 +42,25 @@ def _json(code: int, detail: str, headers: dict[str, str] | None = None, **extra
     return JSONResponse({"detail": detail, **extra}, status_code=code, headers=headers)
 
 
+def _documented_methods(app: FastAPI, path: str) -> list[str]:
+    table = getattr(app.state, "allow_table", None)
+    if table is None:
+        table = []
+        for template, operations in app.openapi()["paths"].items():
+            pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+            table.append((re.compile(f"^{pattern}$"), [m.upper() for m in operations]))
+        app.state.allow_table = table
+    return sorted({m for rx, methods in table if rx.match(path) for m in methods})
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
-            # Starlette names the methods of the first route on the path only; a path served
-            # by two routes (GET and PUT policy) must list both.
-            methods: set[str] = set()
-            for route in req.app.routes:
-                match, _ = route.matches(req.scope)
-                if match != Match.NONE:
-                    methods |= getattr(route, "methods", None) or set()
-            return _json(405, str(exc.detail), headers={"Allow": ", ".join(sorted(methods))})
+            # Starlette names the methods of one route only; a path served by two routes
+            # (GET and PUT policy) must list both, as the OpenAPI document does.
+            allow = ", ".join(_documented_methods(req.app, req.url.path))
+            return _json(405, str(exc.detail), headers={"Allow": allow})
         return await http_exception_handler(req, exc)
 
     @app.exception_handler(RequestValidationError)

@@ -153,3 +153,34 @@ def test_openapi_documents_the_error_bodies(populated: st.Store) -> None:
     doc: dict[str, Any] = client(populated).get("/openapi.json").json()
     put = doc["paths"]["/api/models/{name}/policy"]["put"]["responses"]
     assert {"200", "401", "404", "422"} <= set(put)
+
+
+def test_timeline_has_a_series_per_variant_and_deployment_markers(populated: st.Store) -> None:
+    tl = client(populated).get("/api/models/mini/timeline", params={"points": 50}).json()
+    assert [s["label"] for s in tl["series"]] == ["fp32 · eager", INT8.label()]  # the base first
+    assert tl["series"][0]["is_baseline"] and tl["series"][0]["points"][0]["p50_ms"] == 20
+    assert [(m["kind"], m["label"]) for m in tl["markers"]] == [
+        ("deployed", "fp32 · eager"), ("deployed", INT8.label())
+    ]
+    assert 0 < tl["step_s"] and tl["since"] <= tl["until"]
+    later = client(populated).get("/api/models/mini/timeline", params={"since": time.time() + 3600}).json()
+    assert later["series"] == [] and later["markers"] == []
+
+
+def test_method_not_allowed_names_every_method_of_the_path(populated: st.Store) -> None:
+    r = client(populated).delete("/api/models/mini/policy")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, PUT"
+
+
+def test_bodies_are_strict_as_their_schema_says(populated: st.Store) -> None:
+    c = client(populated)
+    assert c.put("/api/models/mini/policy", json={"max_trials": "3"}).status_code == 422
+    assert c.put("/api/models/mini/policy", json={"auto_deploy": "true"}).status_code == 422
+    assert c.put("/api/models/mini/policy", json={"objective": "most_accurate"}).status_code == 422
+    ok = c.put("/api/models/mini/policy", json={"max_trials": 3.0, "objective": "most_accurate",
+                                                 "latency_target_ms": 9})
+    assert ok.status_code == 200 and ok.json()["max_trials"] == 3
+    assert c.post("/api/models/mini/deployments", json={"variant_id": 2**60}).status_code == 422
+    assert c.post("/api/models/mini/deployments", json={"variant_id": 1, "recipe": {}}).status_code == 422
+    bad_key = {"recipe": {"quantization": {"re:(": {"precision": "bf16"}}}}
+    assert c.post("/api/models/mini/deployments", json=bad_key).status_code == 422
