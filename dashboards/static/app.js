@@ -232,8 +232,26 @@ function frontTip(p) {
   );
 }
 
+function yScale(yKind, values, top) {
+  // Latencies of a search can span orders of magnitude (a slow fp32 compile next to int8):
+  // then a log axis keeps the fast points apart.
+  const positive = values.filter((v) => v > 0);
+  const low = positive.length ? Math.min(...positive) : 1;
+  if (yKind === "latency" && positive.length > 1 && top / low > 8) {
+    return { type: "log", logBase: 10, min: Math.pow(10, Math.floor(Math.log10(low))), max: Math.pow(10, Math.ceil(Math.log10(top * 1.05))) };
+  }
+  return { type: "value", min: 0, max: niceCeil(top * 1.08) };
+}
+
 function renderFront(front) {
-  const yKind = $("#front-y").value;
+  const select = $("#front-y");
+  if (!select.dataset.touched) {
+    // Until the user picks: latency when the policy has a latency target (its line is drawn
+    // there), else speedup, the ratio the search measured interleaved with fp32 (steadier
+    // than raw milliseconds on a busy machine).
+    select.value = front.latency_target_ms !== null ? "latency" : "speedup";
+  }
+  const yKind = select.value;
   if (unchanged("front-chart", [front, yKind])) return;
   const yOf = (p) => (yKind === "speedup" ? p.speedup : p.latency_ms);
   const drawable = front.points.filter((p) => yOf(p) !== null && p.accuracy_drop !== null);
@@ -277,7 +295,7 @@ function renderFront(front) {
     lines.push({
       yAxis: 1,
       lineStyle: { color: "#98a2b3", type: "dotted" },
-      label: { formatter: "fp32 eager 1×", position: "insideEndTop", color: "#667085" },
+      label: { formatter: "fp32 eager 1×", position: "insideEndBottom", color: "#667085" },
     });
   }
 
@@ -306,10 +324,8 @@ function renderFront(front) {
         axisLabel: { formatter: (v) => (v < 0 ? "" : `${(100 * v).toFixed(maxX < 0.02 ? 2 : 1)}%`) },
       },
       yAxis: {
-        type: "value",
         name: yKind === "speedup" ? "speedup over fp32 eager (search)" : "latency in search (ms)",
-        min: 0,
-        max: niceCeil(yTop * 1.08),
+        ...yScale(yKind, yValues, yTop),
         nameTextStyle: { align: "left" },
       },
       series: [
@@ -559,7 +575,7 @@ function renderTimeline(tl) {
 
 // ------------------------------------------------------------------ search
 
-function renderSearch(searches) {
+function renderSearch(searches, trials) {
   const box = $("#search");
   box.replaceChildren();
   if (!searches.length) {
@@ -587,7 +603,33 @@ function renderSearch(searches) {
       el("code", {}, s.study_name)
     )
   );
+  if (trials && trials.length) {
+    const rows = trials
+      .slice(-6)
+      .reverse()
+      .map((t) =>
+        el(
+          "tr",
+          { title: t.message || "" },
+          el("td", {}, t.number),
+          el("td", { class: "trial-label" }, t.label || "–"),
+          el("td", {}, badge(t.state === "complete" && !t.feasible ? "infeasible" : t.state, t.state === "complete" && t.feasible ? "done" : t.state)),
+          el("td", { class: "num" }, fmtX(t.speedup)),
+          el("td", { class: "num" }, fmtPct(t.accuracy_drop))
+        )
+      );
+    box.append(
+      el("h4", {}, "trials of this search"),
+      el(
+        "table",
+        { class: "table runs" },
+        el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "variant"), el("th", {}, "state"), el("th", { class: "num" }, "speedup"), el("th", { class: "num" }, "drop"))),
+        el("tbody", {}, rows)
+      )
+    );
+  }
   if (searches.length > 1) {
+    box.append(el("h4", {}, "earlier searches"));
     const rows = searches.slice(1, 6).map((r) =>
       el("tr", {}, el("td", {}, r.run_id), el("td", {}, badge(r.state)), el("td", { class: "num" }, `${r.trials_done}/${r.trials_budget}`), el("td", { class: "num" }, fmtX(r.best_speedup)), el("td", {}, fmtTime(r.started_at)))
     );
@@ -748,7 +790,8 @@ async function refreshModel(name) {
   const since = range ? Date.now() / 1000 - range : 0;
   const model = state.models.find((x) => x.name === name);
   const activeId = model && model.active && !model.active.is_baseline ? model.active.variant_id : null;
-  const [front, baseProfile, activeProfile, timeline, deployments, searches, events, policy] = await Promise.all([
+  const runId = model && model.search ? model.search.run_id : null;
+  const [front, baseProfile, activeProfile, timeline, deployments, searches, events, policy, trials] = await Promise.all([
     getJSON(`models/${m}/front`),
     getJSON(`models/${m}/profile`),
     activeId ? getJSON(`models/${m}/profile?variant_id=${activeId}`) : Promise.resolve(null),
@@ -757,15 +800,16 @@ async function refreshModel(name) {
     getJSON(`models/${m}/searches`),
     getJSON(`models/${m}/events?limit=30`),
     state.policyDirty ? Promise.resolve(null) : getJSON(`models/${m}/policy`),
+    runId ? getJSON(`models/${m}/trials?run_id=${runId}`) : Promise.resolve([]),
   ]);
   if (state.selected !== name) return; // the user picked another model meanwhile
-  Object.assign(state.data, { model, front, baseProfile, activeProfile, timeline, deployments, searches, events });
+  Object.assign(state.data, { model, front, baseProfile, activeProfile, timeline, deployments, searches, events, trials });
   $("#model-view").hidden = false;
   renderCards(model, front);
   renderFront(front);
   renderLayers(model, baseProfile, activeProfile);
   renderTimeline(timeline);
-  renderSearch(searches);
+  renderSearch(searches, trials);
   renderDeployments(deployments);
   renderEvents(events);
   if (policy && !state.policyDirty) {
@@ -813,6 +857,7 @@ function init() {
     refresh();
   });
   $("#optimize").addEventListener("click", optimizeNow);
+  $("#front-y").addEventListener("change", () => ($("#front-y").dataset.touched = "1"));
   for (const id of ["#front-y", "#timeline-q", "#timeline-range"]) $(id).addEventListener("change", refresh);
   window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.resize()));
   window.addEventListener("hashchange", () => {

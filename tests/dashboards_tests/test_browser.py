@@ -100,7 +100,11 @@ def test_the_charts_draw_what_the_api_says(server: Served, page: Any, real_data:
     wait_refreshes(page, 2)
 
     front = api(server, f"models/{m}/front")
-    drawable = [p for p in front["points"] if p["latency_ms"] is not None and p["accuracy_drop"] is not None]
+    # the y axis: latency when the policy has a latency target, else speedup
+    y = page.input_value("#front-y")
+    assert y == ("latency" if front["latency_target_ms"] is not None else "speedup")
+    y_key = "latency_ms" if y == "latency" else "speedup"
+    drawable = [p for p in front["points"] if p[y_key] is not None and p["accuracy_drop"] is not None]
     assert drawable, "the search timed variants"
     drawn = page.evaluate(DRAWN)
     assert drawn["feasible"] == sum(p["feasible"] for p in drawable)
@@ -137,7 +141,7 @@ def test_the_charts_draw_what_the_api_says(server: Served, page: Any, real_data:
     deployed = next(p for p in drawable if p["deployed"])
     x, y = page.evaluate(
         "(v) => window.pgc.charts['front-chart'].convertToPixel({seriesName: 'deployed'}, v)",
-        [deployed["accuracy_drop"], deployed["latency_ms"]],
+        [deployed["accuracy_drop"], deployed[y_key]],
     )
     page.mouse.move(box["x"] + x, box["y"] + y)
     tip = page.locator("#front-chart .tip")
