@@ -10,6 +10,7 @@ serving process belongs to the user; the backend transform sets what it needs pe
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections import defaultdict
@@ -22,6 +23,7 @@ from compiler._errors import BuildError
 from compiler._pt2e import PT2E_MODULES as STATIC_MODULES
 from compiler._pt2e import quantize_pt2e
 from compiler._registry import BuildContext, register_transform
+from compiler.hardware import probe
 from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
 
 log = logging.getLogger("pgc.compiler")
@@ -121,6 +123,12 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
     for name, why in cannot.items():
         ctx.report.skip(name, why)
     pt2e_plan = {n: c for n, c in plan.items() if c.scheme in ("static",)}
+    dynamic = {n: c for n, c in plan.items() if c.scheme == "dynamic"}
+    if dynamic and not pt2e_plan and recipe is not None and recipe.backend.kind == "inductor":
+        path, why = dynamic_path(model, dynamic, ctx)
+        ctx.state["dynamic_path"] = why
+        if path == "pt2e":
+            pt2e_plan = dict(dynamic)
     if pt2e_plan:
         # dynamic layers join the static ones in the exported graph (one graph, one compile)
         pt2e_plan.update({n: c for n, c in plan.items() if c.scheme == "dynamic"})
@@ -139,7 +147,94 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
         plan = {n: c for n, c in plan.items() if n not in keep_float and n not in pt2e_plan}
         model = quantize_pt2e(model, pt2e_plan, keep_float, default, ctx)
     _quantize_eager(model, plan, ctx)
+    if "dynamic_path" in ctx.state:
+        for name in dynamic:
+            if name in ctx.report.kernel_paths:
+                ctx.report.kernel_paths[name] += f"; {ctx.state['dynamic_path']}"
     return model
+
+
+def dynamic_path(
+    model: nn.Module, dynamic: dict[str, LayerQuant], ctx: BuildContext
+) -> tuple[str, str]:
+    """Which int8 dynamic path is faster compiled on this machine: torchao's tensor subclass
+    or pt2e (oneDNN ``qlinear`` with per-call activation scales). Timed once per machine and
+    layer shape on the model's largest dynamic layer (``compiler._measure``), so rebuilds
+    take the same path."""
+    example = ctx.first_input()
+    modules = dict(model.named_modules())
+    name = max(dynamic, key=lambda n: modules[n].weight.numel())
+    if example is None:
+        return "torchao", "torchao path (no example input to time the paths on)"
+    seen: list[torch.Tensor] = []
+    handle = modules[name].register_forward_pre_hook(lambda _m, a: seen.append(a[0].detach()))
+    try:
+        with torch.inference_mode():
+            model(*example[0], **example[1])
+    finally:
+        handle.remove()
+    if not seen:
+        return "torchao", "torchao path (the layer did not run on the example)"
+    from compiler import _measure
+    from compiler._backend import FreezingCompiled, compile_options
+    from compiler._pt2e import export, quantize_region, quiet
+    from compiler.recipe import Backend
+
+    x = seen[0].clone()
+    layer = modules[name]
+    choice = dynamic[name]
+
+    def torchao_path() -> nn.Module:
+        micro = nn.Sequential(copy.deepcopy(layer)).eval()
+        q, _ = _torchao()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q.quantize_(micro, _int8_config(choice))
+        return torch.compile(micro, dynamic=False, options=compile_options(Backend("inductor")))  # type: ignore[return-value]
+
+    def pt2e_path() -> nn.Module:
+        micro = nn.Sequential(copy.deepcopy(layer)).eval()
+        with torch.no_grad():
+            gm = quantize_region(export(micro, ((x,), {})), {"": choice}, set(), None, [((x,), {})])
+        return FreezingCompiled(torch.compile(gm, dynamic=False))
+
+    built: dict[str, nn.Module] = {}
+
+    def runner(key: str, make: Any) -> Any:
+        def run() -> Any:
+            if key not in built:
+                with quiet():
+                    built[key] = make()
+            return built[key](x)
+
+        return run
+
+    what = f"int8 dynamic {choice.granularity} linear x{tuple(x.shape)} w{tuple(layer.weight.shape)}"
+    try:
+        best, ms = _measure.choose(
+            what, {"torchao": runner("torchao", torchao_path), "pt2e": runner("pt2e", pt2e_path)}
+        )
+    except Exception as exc:  # noqa: BLE001 - a path that fails here is not taken
+        return "torchao", f"torchao path (timing the paths failed: {type(exc).__name__})"
+    return best, (
+        f"{best} path chosen by measurement on {name} "
+        f"({ms['pt2e']:.3f} ms pt2e vs {ms['torchao']:.3f} ms torchao)"
+    )
+
+
+def _half_path(precision: str, module: nn.Module) -> str:
+    """What runs a fp16/bf16 layer here, from the one hardware probe."""
+    param = next(module.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        return f"aten {precision} (CUDA tensor cores)"
+    hw = probe()
+    if precision == "bf16":
+        units = "AMX-BF16" if hw.features.get("amx_bf16") else "AVX512-BF16" if hw.bf16_fast else None
+    else:
+        units = "AVX512-FP16" if hw.features.get("avx512_fp16") else None
+    if units:
+        return f"aten {precision} (oneDNN, {units})"
+    return f"aten {precision} (no {precision} units on this CPU: converted in software, slow)"
 
 
 def _quantize_eager(model: nn.Module, plan: dict[str, LayerQuant], ctx: BuildContext) -> None:
@@ -164,7 +259,7 @@ def _quantize_eager(model: nn.Module, plan: dict[str, LayerQuant], ctx: BuildCon
             for name in names:
                 _cast_hooks(modules[name], _DTYPES[choice.precision])
                 ctx.report.applied[name] = choice.label()
-                ctx.report.kernel_paths[name] = f"aten {choice.precision}"
+                ctx.report.kernel_paths[name] = _half_path(choice.precision, modules[name])
             continue
         config = _int8_config(choice)
         with warnings.catch_warnings():
