@@ -41,7 +41,6 @@ _LAYER_COLUMNS = frozenset(c.key for c in st.LayerStat.__table__.columns)
 _HOST_COLUMNS = frozenset(c.key for c in st.HostStat.__table__.columns)
 
 
-
 class ServedModel:
     """A callable that serves through the active variant of a model. Create with
     :func:`attach`."""
@@ -303,9 +302,7 @@ class ServedModel:
                 host_rows.append({**row, "model_id": mid, "variant_id": r["variant"]})
             events.extend(window.events)
         with self.store().session() as sess:
-            st.repo.add_request_stats(sess, req_rows)
-            st.repo.add_layer_stats(sess, layer_rows)
-            st.repo.add_host_stats(sess, host_rows)
+            st.repo.add_window_stats(sess, requests=req_rows, layers=layer_rows, host=host_rows)
             for ev in events:
                 st.repo.add_event(sess, mid, ev["kind"], ev["message"], level=ev["level"], data=ev["data"])
             st.repo.touch_model(sess, mid)

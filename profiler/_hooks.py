@@ -77,6 +77,7 @@ class RawCall:
     overhead_ns: int = 0
     hooks: int = 0
     gpu: Any = None
+    counter_names: tuple[str, ...] | None = None
 
 
 class LayerTimer:
@@ -100,7 +101,9 @@ class LayerTimer:
         ]
         self.counters = counters
         self.gpu = gpu
-        self._read = counters.read if counters is not None else None
+        self._read: Any = counters.read if counters is not None else None
+        #: counter names when the reader returns tuples (PerfCounters.reader), else None
+        self._names: tuple[str, ...] | None = None
         self._dispatch = dispatch_cost_ns()
         self._thread: int | None = None
         self._handles: list[Any] = []
@@ -144,9 +147,15 @@ class LayerTimer:
         raw = self._raw
         raw.incl[i] = raw.incl.get(i, 0) + (t0 - start) - (raw.overhead_ns - ovh_start)
         if snap is not None:
-            now = self._read()  # type: ignore[misc]
+            now = self._read()
             acc = raw.counters.get(i)
-            if acc is None:
+            if self._names is not None:  # tuples: summed in place, named in results()
+                if acc is None:
+                    raw.counters[i] = [a - b for a, b in zip(now, snap)]  # type: ignore[assignment]
+                else:
+                    for j, (a, b) in enumerate(zip(now, snap)):
+                        acc[j] += a - b  # type: ignore[index]
+            elif acc is None:
                 raw.counters[i] = {k: v - snap.get(k, 0.0) for k, v in now.items()}
             else:
                 for k, v in now.items():
@@ -163,6 +172,13 @@ class LayerTimer:
         self._raw = RawCall(self._seq)
         self._stack = []
         self._thread = _ident()
+        counters = self.counters
+        fast = getattr(counters, "reader", None)
+        reader = fast() if fast is not None else None
+        if reader is not None:
+            self._read, self._names = reader, tuple(counters.names)  # type: ignore[union-attr]
+        elif counters is not None:
+            self._read, self._names = counters.read, None
         if self.gpu is not None:
             self.gpu.start_call(self._seq)
         self._handles = [
@@ -181,6 +197,7 @@ class LayerTimer:
     def take(self) -> RawCall:
         """The measurements of the call just timed (the timer is ready for the next one)."""
         raw = self._raw
+        raw.counter_names = self._names  # tuples until results() names them, off the request path
         if self.gpu is not None:
             raw.gpu = self.gpu.take()
         self._raw = RawCall(self._seq)
@@ -209,6 +226,12 @@ class LayerTimer:
         With ``gpu_ms`` (CUDA-event times per module, resolved) the milliseconds are GPU
         time and the host-side time goes into the counters as ``cpu_ms``."""
         raw = raw if raw is not None else self._raw
+        names = raw.counter_names if raw is not self._raw else self._names
+        if names is not None:  # counts were kept as tuples during the call
+            raw.counters = {i: dict(zip(names, v)) for i, v in raw.counters.items()}  # type: ignore[arg-type]
+            raw.counter_names = None
+            if raw is self._raw:
+                self._names = None
         incl_ms = {k: v / 1e6 for k, v in raw.incl.items()}
         times = gpu_ms if gpu_ms is not None else incl_ms
         out: list[tuple[Any, ...]] = []

@@ -42,6 +42,8 @@ _perf_ns = time.perf_counter_ns
 MIB = 1024 * 1024
 #: Sampled calls waiting for the background thread; past this the oldest are discarded.
 MAX_PENDING = 4096
+#: Calls queued between two drains at most (the background drains every ``control_s``).
+MAX_QUEUED_CALLS = 262_144
 #: Events held for the next window at most (rate changes, leak warnings).
 MAX_EVENTS = 64
 #: The controller looks at the costs once this many calls were sampled since it last did,
@@ -80,12 +82,12 @@ class ProfilerConfig:
     duty_on_s: float | None = None
     duty_period_s: float = 5.0
     counters: bool = True
-    host_interval_s: float | None = 5.0
+    host_interval_s: float | None = 10.0
     leak_window_s: float = 600.0
     leak_min_growth_mb: float = 64.0
     gpu: bool = True
     cupti: bool = True
-    control_s: float = 0.5
+    control_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.sample_every < 1:
@@ -157,6 +159,11 @@ class Profiler:
         self._timers: dict[int, LayerTimer] = {}
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_lock = threading.Lock()
+        #: (variant, bucket, elapsed ns, error, fallback, cost ns) of every call, queued by
+        #: ``end`` (a deque append is thread-safe without a lock) until the background thread
+        #: or a window close aggregates them; bounded in case nothing drains it.
+        self._calls: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_QUEUED_CALLS)
+        self._drain_lock = threading.Lock()
         self.discarded = 0  # sampled calls discarded because the background thread lagged
         self._kernels: dict[int, dict[int, list[Any]]] = {}
         self._events: list[dict[str, Any]] = []
@@ -348,13 +355,11 @@ class Profiler:
         """Record one call (never raises)."""
         try:
             t0 = _perf_ns()
-            self._last_variant = variant
             bucket = self._key_fn(args, kwargs)
             if token is None:
-                self.aggregator.add_call(
-                    variant, bucket, elapsed_ns / 1e6, error=error, fallback=fallback,
-                    started_ns=t0, extra_cost_ns=self._begin_cost_ns,
-                )
+                # One append: right after a forward pass the caches are cold, and every line
+                # of code here costs a cache miss; the background thread aggregates in bulk.
+                self._calls.append((variant, bucket, elapsed_ns, error, fallback, _perf_ns() - t0))
                 return
             timer = token.timer
             try:
@@ -377,18 +382,34 @@ class Profiler:
                     self.discarded += 1
                     self.aggregator.add_overhead(old.variant, old.bucket, old.cost_ns)
                 self._pending.append(item)
-            self.aggregator.add_call(
-                variant, bucket, elapsed_ns / 1e6, error=error, fallback=fallback,
-                started_ns=_perf_ns(),
-            )
+            self._calls.append((variant, bucket, elapsed_ns, error, fallback, 0))
         except Exception:  # noqa: BLE001 - profiling must never fail a request
             log.debug("profiler.end failed", exc_info=True)
 
     # ----------------------------------------------------------------- background work
 
+    def _drain_calls(self) -> None:
+        """Move the calls ``end`` queued into the window (and the cost ledger), in bulk."""
+        calls = self._calls
+        if not calls:
+            return
+        with self._drain_lock:
+            t0 = _perf_ns()
+            batch = []
+            pop = calls.popleft
+            for _ in range(len(calls)):
+                batch.append(pop())
+            if not batch:
+                return
+            self._last_variant = batch[-1][0]
+            self.aggregator.add_calls(batch, self._begin_cost_ns)
+            self.aggregator.add_background(_perf_ns() - t0)
+
     def _drain(self, wait: bool) -> None:
-        """Turn sampled calls into layer rows. GPU calls whose events are not done yet stay
-        pending unless ``wait`` (then this thread waits for them; the device is not synced)."""
+        """Turn queued calls into window rows and sampled calls into layer rows. GPU calls
+        whose events are not done yet stay pending unless ``wait`` (then this thread waits
+        for them; the device is never synchronized)."""
+        self._drain_calls()
         with self._pending_lock:
             items = list(self._pending)
             self._pending.clear()
@@ -489,6 +510,7 @@ class Profiler:
         self._close_tracer_window(gpu_pending=bool(self._pending))
         if self._host is not None and self._host.due():
             self.sample_host()
+        self._drain_calls()
         t = self.aggregator.totals()
         last = self._last_totals
         if t.serving_ns - last.serving_ns >= MIN_SERVING_NS_PER_UPDATE and (
@@ -528,6 +550,7 @@ class Profiler:
 
     def adapt(self) -> int:
         """Look at the costs since the last look and set the sampling rate; returns N."""
+        self._drain_calls()
         t = self.aggregator.totals()
         prev = self._last_totals
         sampled = t.sampled - prev.sampled
@@ -593,6 +616,7 @@ class Profiler:
 
     def status(self) -> dict[str, Any]:
         """Where the profiler stands: rate, budget, measured overhead, what is on and why."""
+        self._drain_calls()
         t = self.aggregator.totals()
         last = self.controller.last
         counters = self._counters

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 
 RESERVOIR = 512
 #: Most shape buckets kept per window; calls of further buckets are counted as ``other``.
@@ -66,19 +65,29 @@ class _Series:
                 self.sample[j] = value
 
     def stats(self) -> dict[str, float]:
-        values = np.asarray(self.sample)
-        p50, p90, p95, p99 = np.percentile(values, (50, 90, 95, 99))
-        kept = values[values <= p90]
+        s = sorted(self.sample)
+        p90 = _quantile(s, 0.90)
+        kept = [v for v in s if v <= p90]
         return {
             "count": self.count,
             "mean_ms": self.total / self.count,
-            "p50_ms": float(p50),
-            "p95_ms": float(p95),
-            "p99_ms": float(p99),
+            "p50_ms": _quantile(s, 0.50),
+            "p95_ms": _quantile(s, 0.95),
+            "p99_ms": _quantile(s, 0.99),
             # the mean without the slowest 10%: a preempted call on a busy machine adds
             # time to one layer only, and would otherwise reorder a ranking by itself
-            "trimmed_ms": float(kept.mean()) if kept.size else float(p50),
+            "trimmed_ms": sum(kept) / len(kept),
         }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method), in plain Python:
+    a window closes hundreds of series, and numpy's per-call cost dwarfs a handful of values."""
+    x = (len(ordered) - 1) * q
+    i = int(x)
+    if i + 1 >= len(ordered):
+        return float(ordered[-1])
+    return float(ordered[i] + (ordered[i + 1] - ordered[i]) * (x - i))
 
 
 @dataclass
@@ -191,6 +200,29 @@ class WindowAggregator:
                 cost = extra_cost_ns + (_perf_ns() - started_ns if started_ns is not None else 0)
                 self._overhead_ns[key] = self._overhead_ns.get(key, 0) + cost
                 t.call_cost_ns += cost
+
+    def add_calls(self, calls: list[tuple[Any, ...]], extra_cost_ns: int = 0) -> None:
+        """Many served calls at once: (variant, bucket, elapsed ns, error, fallback, cost ns)
+        each; every call's cost is charged with ``extra_cost_ns`` more (the calibrated cost
+        of an unsampled ``begin``) when it has a cost of its own."""
+        with self._lock:
+            t = self._totals
+            for variant, bucket, elapsed_ns, error, fallback, cost in calls:
+                key = (variant, self._bucket(bucket))
+                series = self._calls.get(key)
+                if series is None:
+                    series = self._calls[key] = _Series(self._rng, histogram=True)
+                series.add(elapsed_ns / 1e6)
+                if error:
+                    self._errors[key] = self._errors.get(key, 0) + 1
+                if fallback:
+                    self._fallbacks[key] = self._fallbacks.get(key, 0) + 1
+                t.calls += 1
+                t.serving_ns += elapsed_ns
+                if cost:
+                    cost += extra_cost_ns
+                    self._overhead_ns[key] = self._overhead_ns.get(key, 0) + cost
+                    t.call_cost_ns += cost
 
     def add_sampled_call(
         self,

@@ -106,18 +106,19 @@ def test_each_thread_reads_its_own_counters() -> None:
     seen: dict[str, float] = {}
 
     def busy() -> None:
-        a = counters.read()["task_clock_ns"]
-        end = time.perf_counter() + 0.05
-        while time.perf_counter() < end:
-            pass
+        a, cpu0 = counters.read()["task_clock_ns"], time.thread_time_ns()
+        acc = 0
+        for i in range(300_000):  # fixed CPU work (wall time would depend on the machine's load)
+            acc += i * i
+        seen["cpu"] = time.thread_time_ns() - cpu0
         seen["delta"] = counters.read()["task_clock_ns"] - a
 
     t = threading.Thread(target=busy)
     t.start()
     t.join()
     main_after = counters.read()["task_clock_ns"]
-    assert seen["delta"] >= 40e6  # the thread's 50 ms of CPU...
-    assert main_after - main_before < seen["delta"] / 2  # ...are not the main thread's
+    assert seen["delta"] == pytest.approx(seen["cpu"], rel=0.5)  # the thread's own CPU...
+    assert main_after - main_before < seen["delta"] / 2  # ...is not the main thread's
     counters.close()
 
 
@@ -155,8 +156,8 @@ def test_per_layer_counter_deltas_reach_the_window_rows() -> None:
     big, small = rows["0"]["counters"], rows["1"]["counters"]
     assert set(big) == set(counter_availability().events)
     # the task clock of each layer is the CPU time the layer itself measured
-    assert big["task_clock_ns"] == pytest.approx(model[0].cpu_ns, rel=0.2)
-    assert small["task_clock_ns"] == pytest.approx(model[1].cpu_ns, rel=0.2)
+    assert big["task_clock_ns"] == pytest.approx(model[0].cpu_ns, rel=0.5)
+    assert small["task_clock_ns"] == pytest.approx(model[1].cpu_ns, rel=0.5)
     assert big["task_clock_ns"] > 2 * small["task_clock_ns"]
     assert prof.status()["counters"].startswith(counter_availability().mode)
     prof.stop()

@@ -139,3 +139,28 @@ def test_model_calls_never_wait_for_a_stuck_store() -> None:
         prof.stop(flush=False)
     assert prof.dropped > 0
     assert worst < 0.5  # never blocked on the sink (which waits up to 30 s)
+
+
+def test_window_rows_are_written_in_bulk_and_read_back(store: Any) -> None:
+    import store as st
+
+    with store.session() as s:
+        mid = st.repo.upsert_model(s, "bulk").id
+        base = {"model_id": mid, "variant_id": None, "window_start": 0.0, "window_end": 1.0}
+        layer = {**base, "layer": "fc", "op_type": "Linear", "shape_bucket": "b1", "count": 2,
+                 "mean_ms": 1.0, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 2.0, "share": 0.5}
+        n = st.repo.add_window_stats(
+            s,
+            requests=[{**base, "shape_bucket": "b1", "count": 4, "mean_ms": 2.0, "p50_ms": 2.0,
+                       "p95_ms": 3.0, "p99_ms": 3.0, "overhead": 0.004, "sampled": 2}],
+            # rows with different optional columns go in as separate bulk inserts
+            layers=[{**layer, "counters": {"task_clock_ns": 5.0}}, {**layer, "layer": "act"}],
+            host=[{"model_id": mid, "variant_id": None, "at": 1.0, "cpu_percent": 50.0,
+                   "rss_bytes": 1 << 30, "threads": 9, "ctx_switches": 100, "extra": {"fds": 3}}],
+        )
+    assert n == 4
+    with store.session() as s:
+        assert st.repo.request_summary(s, mid)["overhead"] == 0.004
+        assert {r["layer"] for r in st.repo.layer_profile(s, mid)} == {"fc", "act"}
+        assert st.repo.layer_counters(s, mid) == {"fc": {"task_clock_ns": 5.0}}
+        assert st.repo.host_stats(s, mid)[0].extra == {"fds": 3}

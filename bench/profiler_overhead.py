@@ -1,0 +1,357 @@
+"""What does leaving pgc's profiler on cost a served model?
+
+MiniLM (all-MiniLM-L6-v2, batch 1, 128 tokens) and the digits CNN (batch 16), each served
+three ways **interleaved call by call in one run** (the order shuffled every round, the same
+input for all three): plain (``model(*args)``), instrumented with the profiler at its default
+settings (one call in 100 per layer, 0.5% budget, perf counters, host statistics, windows
+exported to a SQLite store), and instrumented at 100% sampling. Then torch.profiler, the peer,
+in blocks of calls interleaved with plain blocks (it cannot be switched per call), its
+``key_averages()`` post-processing included, as a per-layer profile needs it.
+
+Each profiler handles one call in three, so its time-driven work (windows every 10 s, host
+samples, control ticks) runs on a clock three times slower than the defaults: per call served
+it then does what it does at default settings on a server busy all the time (at lower
+utilization that fixed work is a larger share of less serving; the profiler's own overhead
+figure, which the API shows, says so per window).
+
+What is compared is the serving thread's CPU time per call (one intra-op thread; ``--threads``
+to change), not wall time: on a shared machine other processes preempt calls at random, which
+adds tens of percent of noise to wall time and none to CPU time. The profiler's own threads
+(window processing, host samples, export) are measured separately, by their own CPU clocks,
+and added.
+
+Estimators (fractions of plain serving time; 0.005 = 0.5%):
+- ``*_overhead``: for calls the profiler did not sample, the only code that differs from plain
+  serving is ``begin``/``end``, timed in place on every call; for sampled calls, the paired
+  difference with the plain call of the same round; plus the profiler threads' CPU. This is
+  exact where it can be and paired where it must be, so its noise is that of the few sampled
+  pairs only.
+- ``*_overhead_direct``: the plain paired ratio (sum of instrumented / sum of plain - 1) with
+  a bootstrap 95% interval, as a cross-check; at the default rate its interval is wider than
+  the effect on a busy machine.
+- ``*_self_measured``: what the profiler itself reported (the number the API shows).
+
+    python bench/profiler_overhead.py [--rounds 300] [--cnn-rounds 1500] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import store as st  # noqa: E402
+from profiler import Profiler, ProfilerConfig, Window  # noqa: E402
+
+_tt = time.thread_time_ns
+_pc = time.perf_counter_ns
+ARMS = ("plain", "default", "full")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class StoreSink:
+    """Writes windows the way the agent does: one transaction per batch, into a real store."""
+
+    def __init__(self, store: st.Store, name: str) -> None:
+        self.store = store
+        with store.session() as s:
+            self.model_id = st.repo.upsert_model(s, name).id
+        self.cols = {t: {c.key for c in t.__table__.columns} for t in (st.RequestStat, st.LayerStat, st.HostStat)}
+
+    def __call__(self, windows: list[Window]) -> None:
+        mid = self.model_id
+        reqs, layers, host = [], [], []
+        for w in windows:
+            base = {"model_id": mid, "window_start": w.start, "window_end": w.end}
+            reqs += [{**{k: v for k, v in r.items() if k in self.cols[st.RequestStat]}, **base,
+                      "variant_id": None} for r in w.requests]
+            layers += [{**{k: v for k, v in r.items() if k in self.cols[st.LayerStat]}, **base,
+                        "variant_id": None} for r in w.layers]
+            host += [{**{k: v for k, v in r.items() if k in self.cols[st.HostStat]},
+                      "model_id": mid, "variant_id": None} for r in w.host]
+        with self.store.session() as s:
+            st.repo.add_window_stats(s, requests=reqs, layers=layers, host=host)
+
+
+def thread_cpu_s(idents: list[int]) -> float:
+    """CPU seconds of this process's threads with these ``threading`` idents, from each
+    thread's own CPU clock (nanosecond resolution; /proc's per-thread times tick in 10 ms)."""
+    total = 0
+    for ident in idents:
+        try:
+            total += time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+        except (OSError, ProcessLookupError):
+            pass  # the thread has ended
+    return total / 1e9
+
+
+def profiler_threads(prof: Profiler) -> list[int]:
+    ids = []
+    if prof._ticker is not None and prof._ticker.ident is not None:
+        ids.append(prof._ticker.ident)
+    if prof._exporter is not None and prof._exporter._thread.ident is not None:
+        ids.append(prof._exporter._thread.ident)
+    return ids
+
+
+def bootstrap_ci(instr: np.ndarray, plain: np.ndarray, seed: int = 0, n: int = 2000) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(plain), size=(n, len(plain)))
+    ratios = instr[idx].sum(1) / plain[idx].sum(1) - 1
+    lo, hi = np.percentile(ratios, (2.5, 97.5))
+    return float(lo), float(hi)
+
+
+def interleaved(
+    name: str, model: torch.nn.Module, inputs: list[tuple[Any, ...]], rounds: int, store: st.Store
+) -> dict[str, Any]:
+    """Plain, default and 100% sampling, call by call in shuffled order."""
+    # Each profiler serves one call in three of this run, so its time-driven work (window
+    # close and export, host samples, control ticks) runs on a clock three times slower: per
+    # call it serves, it then does what the default settings do on a server busy all the time.
+    k = len(ARMS)
+    default = ProfilerConfig()
+    clock = {"window_s": default.window_s * k, "control_s": default.control_s * k,
+             "host_interval_s": (default.host_interval_s or 10.0) * k}
+    profs = {
+        "default": Profiler(ProfilerConfig(**clock), sink=StoreSink(store, f"{name}-default")),
+        "full": Profiler(ProfilerConfig(sample_every=1, budget=None, **clock),
+                         sink=StoreSink(store, f"{name}-full")),
+    }
+    for p in profs.values():
+        p.watch(model)
+        p.start()
+    rng = random.Random(0)
+    # per arm and round: thread CPU ns of the whole unit, wall ns, begin+end CPU ns, sampled?
+    cpu = {a: np.zeros(rounds) for a in ARMS}
+    wall = {a: np.zeros(rounds) for a in ARMS}
+    bookkeeping = {a: np.zeros(rounds) for a in ARMS}
+    sampled = {a: np.zeros(rounds, dtype=bool) for a in ARMS}
+
+    def unit(arm: str, args: tuple[Any, ...]) -> tuple[int, int, int, bool]:
+        prof = profs.get(arm)
+        w0, c0 = _pc(), _tt()
+        token = prof.begin(model) if prof is not None else None
+        c1 = _tt()
+        t0 = _pc()
+        model(*args)
+        elapsed = _pc() - t0
+        c2 = _tt()
+        if prof is not None:
+            prof.end(token, 1, args, {}, elapsed)
+        c3, w1 = _tt(), _pc()
+        return c3 - c0, w1 - w0, (c1 - c0) + (c3 - c2), token is not None
+
+    bg0 = {a: thread_cpu_s(profiler_threads(p)) for a, p in profs.items()}
+    warm = max(5, rounds // 30)
+    with torch.inference_mode():
+        for i in range(warm):  # caches, allocator, counter groups: not part of the measurement
+            for arm in ARMS:
+                unit(arm, inputs[i % len(inputs)])
+        t_start = time.monotonic()
+        for r in range(rounds):
+            args = inputs[r % len(inputs)]
+            order = list(ARMS)
+            rng.shuffle(order)
+            for arm in order:
+                c, w, b, s = unit(arm, args)
+                cpu[arm][r], wall[arm][r], bookkeeping[arm][r], sampled[arm][r] = c, w, b, s
+            if (r + 1) % max(1, rounds // 10) == 0:
+                eta = (time.monotonic() - t_start) / (r + 1) * (rounds - r - 1)
+                log(f"  {name}: {r + 1}/{rounds} interleaved rounds (~{eta:.0f} s left)")
+    flush_s = {}
+    for a, p in profs.items():  # the last window's processing (here) and export count too
+        c = _tt()
+        p.flush()
+        flush_s[a] = (_tt() - c) / 1e9
+    bg = {a: thread_cpu_s(profiler_threads(p)) - bg0[a] + flush_s[a] for a, p in profs.items()}
+    self_measured = {a: p.status()["overhead"] for a, p in profs.items()}
+    every = {a: p.sample_every for a, p in profs.items()}
+    for p in profs.values():
+        p.stop()
+    plain = cpu["plain"]
+    # rounds where any arm was hit by something big (3x its median) are left out of the pairs
+    ok = np.ones(rounds, dtype=bool)
+    for a in ARMS:
+        ok &= cpu[a] < 3 * np.median(cpu[a])
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "rounds_used": int(ok.sum()),
+        "plain_cpu_ms": float(np.median(plain) / 1e6),
+        "plain_wall_ms": float(np.median(wall["plain"]) / 1e6),
+    }
+    plain_sum = plain[ok].sum()
+    for arm in ("default", "full"):
+        s = sampled[arm] & ok
+        u = ~sampled[arm] & ok
+        # both arms read the clock at the same four points; the plain arm's readings cost
+        # what reading the clock costs (cold, right after a forward pass), so the paired
+        # difference is begin + end alone
+        extra = ((bookkeeping[arm][u] - bookkeeping["plain"][u]).sum()
+                 + (cpu[arm][s] - plain[s]).sum() + bg[arm] * 1e9)
+        out[f"{arm}_overhead"] = float(extra / plain_sum)
+        out[f"{arm}_overhead_direct"] = float((cpu[arm][ok].sum() + bg[arm] * 1e9) / plain_sum - 1)
+        lo, hi = bootstrap_ci(cpu[arm][ok], plain[ok])
+        bg_ratio = bg[arm] * 1e9 / plain_sum
+        out[f"{arm}_overhead_direct_ci95"] = [lo + bg_ratio, hi + bg_ratio]
+        out[f"{arm}_overhead_wall_direct"] = float(wall[arm][ok].sum() / wall["plain"][ok].sum() - 1)
+        out[f"{arm}_self_measured"] = float(self_measured[arm])
+        out[f"{arm}_sampled_calls"] = int(sampled[arm].sum())
+        out[f"{arm}_background_ms"] = float(bg[arm] * 1e3)
+        out[f"{arm}_sample_every_at_end"] = every[arm]
+    unsampled = ~sampled["default"]
+    out["begin_end_us_per_call"] = float(
+        np.median(bookkeeping["default"][unsampled] - bookkeeping["plain"][unsampled]) / 1e3)
+    return out
+
+
+def torch_profiler(name: str, model: torch.nn.Module, inputs: list[tuple[Any, ...]], blocks: int,
+                   block: int) -> dict[str, Any]:
+    """Blocks of plain calls and of calls under torch.profiler (with its post-processing),
+    in shuffled order; process CPU time, so any profiler threads count."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    pt = time.process_time_ns
+    plain_ns = calls_ns = post_ns = 0
+    rng = random.Random(1)
+    with torch.inference_mode():
+        for b in range(blocks + 1):
+            order = ["plain", "torch"]
+            rng.shuffle(order)
+            for arm in order:
+                start = b * block
+                batch = [inputs[(start + i) % len(inputs)] for i in range(block)]
+                c0 = pt()
+                if arm == "plain":
+                    for args in batch:
+                        model(*args)
+                    c1 = pt()
+                    if b:  # block 0 warms both up
+                        plain_ns += c1 - c0
+                    continue
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for args in batch:
+                        model(*args)
+                c1 = pt()
+                prof.key_averages()  # what a per-layer/op profile needs before it can be read
+                c2 = pt()
+                if b:
+                    calls_ns += c1 - c0
+                    post_ns += c2 - c1
+            if (b + 1) % max(1, blocks // 4) == 0:
+                log(f"  {name}: torch.profiler block {b + 1}/{blocks + 1}")
+    return {
+        "torch_profiler_overhead": (calls_ns + post_ns) / plain_ns - 1,
+        "torch_profiler_calls_only_overhead": calls_ns / plain_ns - 1,
+        "torch_profiler_postprocess_per_forward": post_ns / (plain_ns / (blocks * block)) / (blocks * block),
+        "torch_profiler_blocks": blocks,
+        "torch_profiler_block_calls": block,
+    }
+
+
+def load(name: str) -> tuple[torch.nn.Module, list[tuple[Any, ...]]]:
+    if name == "minilm":
+        from pgc_daemon.examples import minilm  # noqa: PLC0415
+
+        stream = minilm.traffic(seed=7)
+        return minilm.load_model(), [next(stream) for _ in range(32)]
+    from pgc_daemon.examples import digits  # noqa: PLC0415
+
+    spec = digits.cnn()
+    return spec["model"], [tuple(ex) for ex in spec["example_inputs"]]
+
+
+def render(results: dict[str, Any]) -> None:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 150)
+    table = Table(title="profiler overhead vs plain serving (serving-thread CPU time, interleaved)",
+                  title_justify="left")
+    for col in ("model", "plain ms/call", "default (1/100, budget 0.5%)", "direct check (95% CI)",
+                "self-measured", "100% sampling", "torch.profiler (+post-proc.)"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for name, r in results.items():
+        if not isinstance(r, dict) or "default_overhead" not in r:
+            continue
+        lo, hi = r["default_overhead_direct_ci95"]
+        table.add_row(
+            name,
+            f"{r['plain_cpu_ms']:.2f}",
+            f"{r['default_overhead']:.3%}",
+            f"{r['default_overhead_direct']:+.2%} [{lo:+.2%}, {hi:+.2%}]",
+            f"{r['default_self_measured']:.3%}",
+            f"{r['full_overhead']:.1%}",
+            f"{r['torch_profiler_overhead']:.1%} ({r['torch_profiler_calls_only_overhead']:.1%} calls only)",
+        )
+    console.print(table)
+    console.print(
+        "default: begin/end timed in place on unsampled calls + paired difference on sampled "
+        "calls + the profiler's threads (their CPU clocks); direct: sum(instrumented)/sum(plain) "
+        "- 1 over all paired rounds."
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=300, help="interleaved rounds on MiniLM (default 300)")
+    ap.add_argument("--cnn-rounds", type=int, default=1500, help="interleaved rounds on the CNN (default 1500)")
+    ap.add_argument("--blocks", type=int, default=8, help="torch.profiler blocks per model (default 8)")
+    ap.add_argument("--block", type=int, default=16, help="calls per torch.profiler block (default 16)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--models", default="minilm,cnn", help="comma-separated: minilm, cnn")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = ap.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or any(m not in ("minilm", "cnn") for m in models):
+        ap.error("--models takes minilm and/or cnn")
+    if min(args.rounds, args.cnn_rounds, args.blocks, args.block, args.threads) < 1:
+        ap.error("--rounds, --cnn-rounds, --blocks, --block and --threads must be positive")
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    results: dict[str, Any] = {
+        "settings": {"threads": args.threads, "torch": torch.__version__,
+                     "load_avg": os.getloadavg()[0], "cores": os.cpu_count()},
+    }
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = st.open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
+        for name in models:
+            log(f"{name}: loading")
+            model, inputs = load(name)
+            rounds = args.rounds if name == "minilm" else args.cnn_rounds
+            log(f"{name}: plain / default / 100% sampling, {rounds} interleaved rounds")
+            res = interleaved(name, model, inputs, rounds, store)
+            log(f"{name}: torch.profiler, {args.blocks} blocks of {args.block} calls vs plain blocks")
+            res.update(torch_profiler(name, model, inputs, args.blocks, args.block))
+            results[name] = res
+            log(f"{name}: default {res['default_overhead']:.3%}, 100% {res['full_overhead']:.1%}, "
+                f"torch.profiler {res['torch_profiler_overhead']:.1%}")
+        with store.session() as s:
+            rows = sum(len(st.repo.request_windows(s, m.id)) for m in st.repo.list_models(s))
+        results["settings"]["windows_exported"] = rows
+        store.close()
+    results["settings"]["seconds"] = round(time.monotonic() - t0, 1)
+    render(results)
+    if args.json:
+        print(json.dumps(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
