@@ -11,6 +11,7 @@ padding holds ``pad_value`` in every padded input, which is 0 = "masked" in an a
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -42,23 +43,37 @@ def pad_inputs(args: Any, kwargs: Any, dim: int, length: int, to: int, value: in
     return tree_unflatten(out, spec)
 
 
-class Bucketed(nn.Module):
-    """Runs ``inner`` on inputs padded to a bucket; cuts token-level outputs back."""
+class BucketHooks:
+    """Pads a module's inputs up to a bucket (forward pre-hook) and cuts token-level outputs
+    back (forward hook). Hooks rather than a wrapper module, so that the variant keeps the
+    model's own module names (per-layer profiles and rules still match)."""
 
-    def __init__(self, inner: nn.Module, part: ShapeBuckets, token_leaves: frozenset[int] | None) -> None:
-        super().__init__()
-        self.inner = inner
+    def __init__(self, part: ShapeBuckets, token_leaves: frozenset[int] | None) -> None:
         self.part = part
         self.token_leaves = token_leaves
+        self._local = threading.local()
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _stack(self) -> list[tuple[int, int] | None]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def pre(self, _module: nn.Module, args: Any, kwargs: Any) -> Any:
         dim = self.part.dim
         length = _length(args, kwargs, dim)
         bucket = self.part.bucket_for(length) if length is not None else None
         if length is None or bucket is None or bucket == length:
-            return self.inner(*args, **kwargs)
-        pargs, pkwargs = pad_inputs(args, kwargs, dim, length, bucket, self.part.pad_value)
-        out = self.inner(*pargs, **pkwargs)
+            self._stack().append(None)
+            return None
+        self._stack().append((length, bucket))
+        return pad_inputs(args, kwargs, dim, length, bucket, self.part.pad_value)
+
+    def post(self, _module: nn.Module, _args: Any, _kwargs: Any, out: Any) -> Any:
+        padded = self._stack().pop()
+        if padded is None:
+            return None
+        length, bucket = padded
+        dim = self.part.dim
         leaves, spec = tree_flatten(out)
         cut = []
         for i, t in enumerate(leaves):
@@ -98,7 +113,7 @@ def analyze_buckets(model: nn.Module, part: ShapeBuckets, ctx: BuildContext) -> 
     if example is not None:
         try:
             ctx.state["token_leaves"] = token_level_outputs(model, part, example)
-        except Exception as exc:  # noqa: BLE001 - the wrapper falls back to shapes
+        except Exception as exc:  # noqa: BLE001 - the hooks fall back to shapes
             ctx.report.notes.append(f"buckets: could not probe outputs ({type(exc).__name__})")
 
 
@@ -115,4 +130,8 @@ def apply_buckets(model: nn.Module, part: ShapeBuckets, ctx: BuildContext) -> nn
     ctx.report.notes.append(
         f"shape buckets {list(part.sizes)} on dim {part.dim}, padded with {part.pad_value}; {how}"
     )
-    return Bucketed(model, part, leaves)
+    hooks = BucketHooks(part, leaves)
+    model.register_forward_pre_hook(hooks.pre, with_kwargs=True)
+    model.register_forward_hook(hooks.post, with_kwargs=True)
+    model._pgc_buckets = hooks  # type: ignore[assignment]
+    return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,9 +60,9 @@ def build(
     if cache is not None:
         key = cache_key(model, recipe, calibration)
         hit = cache.get(key)
-        if hit is not None:
-            hit.report.cache = "hit"
-            return hit
+        if hit is not None:  # the very same compiled module; a report of its own
+            report = dataclasses.replace(copy.deepcopy(hit.report), cache="hit")
+            return BuiltVariant(module=hit.module, recipe=hit.recipe, report=report)
     started = time.perf_counter()
     report = BuildReport()
     ctx = BuildContext(

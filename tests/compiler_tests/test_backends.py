@@ -23,7 +23,8 @@ def test_buckets_pad_pooled_models_and_give_the_unpadded_answer(tiny_bert: dict[
     model = tiny_bert["model"]
     built = build(model, Recipe(buckets=BUCKETS), example=tiny_bert["inputs"][0])
     seen: list[int] = []
-    built.module.inner.register_forward_pre_hook(lambda _m, a: seen.append(a[0].shape[1]))
+    built.module.register_forward_pre_hook(lambda _m, a: seen.append(a[0].shape[1]))  # after the pad
+    assert type(built.module) is type(model)  # no wrapper: module names stay the model's
     g = torch.Generator().manual_seed(7)
     for length in (5, 16, 20, 70):
         ids, mask = _unpadded(g, length)
@@ -38,7 +39,7 @@ def test_buckets_cut_token_level_outputs_back_and_leave_pooled_ones(tiny_bert: d
     encoder = tiny_bert["encoder"]
     ids, mask = tiny_bert["inputs"][0][0]
     built = build(encoder, Recipe(buckets=BUCKETS), example=((ids, mask), {}))
-    assert built.module.token_leaves == frozenset({0})  # last_hidden_state; not pooler_output
+    assert built.module._pgc_buckets.token_leaves == frozenset({0})  # last_hidden_state, not pooled
     g = torch.Generator().manual_seed(8)
     ids, mask = _unpadded(g, 11)
     with torch.inference_mode():
@@ -52,7 +53,7 @@ def test_buckets_keep_a_compiled_variant_to_one_shape_per_bucket(tiny_bert: dict
     model = tiny_bert["model"]
     built = build(model, Recipe(buckets=BUCKETS, backend=Backend("inductor")), example=tiny_bert["inputs"][0])
     seen: set[tuple[int, ...]] = set()
-    built.module.inner.register_forward_pre_hook(lambda _m, a: seen.add(tuple(a[0].shape)))
+    built.module.register_forward_pre_hook(lambda _m, a: seen.add(tuple(a[0].shape)))
     g = torch.Generator().manual_seed(9)
     for length in (7, 9, 13, 31):
         ids, mask = _unpadded(g, length, batch=1)

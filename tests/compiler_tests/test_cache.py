@@ -78,7 +78,8 @@ def test_same_key_rebuilds_bit_identical_outputs_from_memory_and_disk(
     first = build(cnn_spec["model"], STATIC, calibration=cal, cache=cache)
     assert first.report.cache == "miss" and cache.stats.misses == 1 and cache.stats.stored == 1
     again = build(cnn_spec["model"], STATIC, calibration=cal, cache=cache)
-    assert again is first and cache.stats.memory_hits == 1
+    assert again.module is first.module and cache.stats.memory_hits == 1
+    assert again.report.cache == "hit" and first.report.cache == "miss"
     fresh = CompileCache(tmp_path)  # a restarted process: nothing in memory, the disk remains
     third = build(cnn_spec["model"], STATIC, calibration=cal, cache=fresh)
     assert third.report.cache == "hit" and fresh.stats.disk_hits == 1 and fresh.stats.misses == 0
