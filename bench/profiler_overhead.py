@@ -43,7 +43,6 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +80,8 @@ class StoreSink:
             reqs += [{**{k: v for k, v in r.items() if k in self.cols[st.RequestStat]}, **base,
                       "variant_id": None} for r in w.requests]
             layers += [{**{k: v for k, v in r.items() if k in self.cols[st.LayerStat]}, **base,
-                        "variant_id": None} for r in w.layers]
+                        "window_start": w.layers_start or w.start, "variant_id": None}
+                       for r in w.layers]
             host += [{**{k: v for k, v in r.items() if k in self.cols[st.HostStat]},
                       "model_id": mid, "variant_id": None} for r in w.host]
         with self.store.session() as s:
@@ -126,8 +126,9 @@ def interleaved(
     # call it serves, it then does what the default settings do on a server busy all the time.
     k = len(ARMS)
     default = ProfilerConfig()
-    clock = {"window_s": default.window_s * k, "control_s": default.control_s * k,
-             "host_interval_s": (default.host_interval_s or 10.0) * k}
+    clock: dict[str, Any] = {"window_s": default.window_s * k, "control_s": default.control_s * k,
+             "host_interval_s": (default.host_interval_s or 10.0) * k,
+             "layer_window_max_s": default.layer_window_max_s * k}
     profs = {
         "default": Profiler(ProfilerConfig(**clock), sink=StoreSink(store, f"{name}-default")),
         "full": Profiler(ProfilerConfig(sample_every=1, budget=None, **clock),
@@ -197,14 +198,19 @@ def interleaved(
     }
     plain_sum = plain[ok].sum()
     for arm in ("default", "full"):
-        s = sampled[arm] & ok
-        u = ~sampled[arm] & ok
+        smp = sampled[arm] & ok
+        uns = ~sampled[arm] & ok
         # both arms read the clock at the same four points; the plain arm's readings cost
         # what reading the clock costs (cold, right after a forward pass), so the paired
         # difference is begin + end alone
-        extra = ((bookkeeping[arm][u] - bookkeeping["plain"][u]).sum()
-                 + (cpu[arm][s] - plain[s]).sum() + bg[arm] * 1e9)
+        extra = ((bookkeeping[arm][uns] - bookkeeping["plain"][uns]).sum()
+                 + (cpu[arm][smp] - plain[smp]).sum() + bg[arm] * 1e9)
         out[f"{arm}_overhead"] = float(extra / plain_sum)
+        out[f"{arm}_parts"] = {  # where it goes, as fractions of plain serving time
+            "begin_end": float((bookkeeping[arm][uns] - bookkeeping["plain"][uns]).sum() / plain_sum),
+            "sampled_calls": float((cpu[arm][smp] - plain[smp]).sum() / plain_sum),
+            "background": float(bg[arm] * 1e9 / plain_sum),
+        }
         out[f"{arm}_overhead_direct"] = float((cpu[arm][ok].sum() + bg[arm] * 1e9) / plain_sum - 1)
         lo, hi = bootstrap_ci(cpu[arm][ok], plain[ok])
         bg_ratio = bg[arm] * 1e9 / plain_sum
@@ -215,6 +221,13 @@ def interleaved(
         out[f"{arm}_background_ms"] = float(bg[arm] * 1e3)
         out[f"{arm}_sample_every_at_end"] = every[arm]
     unsampled = ~sampled["default"]
+    # the assumption behind the estimator: an unsampled call's forward pass costs what the
+    # plain one does (only begin/end differ); its paired difference and interval say so
+    u = ~sampled["default"] & ok
+    model_plain = cpu["plain"][u] - bookkeeping["plain"][u]
+    model_default = cpu["default"][u] - bookkeeping["default"][u]
+    out["unsampled_forward_diff"] = float(model_default.sum() / model_plain.sum() - 1)
+    out["unsampled_forward_diff_ci95"] = list(bootstrap_ci(model_default, model_plain, seed=1))
     out["begin_end_us_per_call"] = float(
         np.median(bookkeeping["default"][unsampled] - bookkeeping["plain"][unsampled]) / 1e3)
     return out

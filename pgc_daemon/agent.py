@@ -296,7 +296,7 @@ class ServedModel:
             for r in window.layers:
                 row = {k: v for k, v in r.items() if k in _LAYER_COLUMNS}
                 row["variant_id"] = r["variant"]
-                layer_rows.append({**base, **row})
+                layer_rows.append({**base, "window_start": window.layers_start or window.start, **row})
             for r in window.host:
                 row = {k: v for k, v in r.items() if k in _HOST_COLUMNS}
                 host_rows.append({**row, "model_id": mid, "variant_id": r["variant"]})

@@ -236,8 +236,8 @@ def _probe(
 ) -> CounterAvailability:
     paranoid = _paranoid()
     if _syscall_nr() is None:
-        reason = f"perf_event_open is not available on {platform.system()} {platform.machine()}"
-        return CounterAvailability("off", (), {}, False, paranoid, None, reason)
+        why = f"perf_event_open is not available on {platform.system()} {platform.machine()}"
+        return CounterAvailability("off", (), {}, False, paranoid, None, why)
     unavailable: dict[str, str] = {}
 
     def try_open(name: str, exclude_kernel: bool) -> OSError | None:
@@ -301,7 +301,7 @@ def _probe(
         mode = "software"
     else:
         mode = "off"
-    reason = hw_reason if mode != "hardware" else None
+    reason: str | None = hw_reason if mode != "hardware" else None
     if mode == "off":
         reason = next(iter(unavailable.values()), "no events requested")
     return CounterAvailability(mode, events, unavailable, kernel, paranoid, cs_from, reason)

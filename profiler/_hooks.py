@@ -16,7 +16,9 @@ torch adds per hooked module call (measured once per process, :func:`dispatch_co
 That same sum is the sampled call's overhead, which the budget is charged with.
 
 Optional per-layer extras: ``counters`` (anything with ``read() -> dict``, e.g.
-:class:`~profiler.PerfCounters`) gives counter deltas per layer; ``gpu`` (a
+:class:`~profiler.PerfCounters`) gives counter deltas per layer, with ``calls: 1`` beside
+them (summed over calls, it says how many calls the sums cover: counters may be read on only
+some sampled calls); ``gpu`` (a
 :class:`~profiler._gpu.CudaLayerEvents`) records CUDA events around each layer and pushes
 CUPTI external correlation ids, resolved after the call by the profiler's background thread.
 """
@@ -166,19 +168,22 @@ class LayerTimer:
 
     # ----------------------------------------------------------------- one call
 
-    def attach(self) -> None:
-        """Start timing this thread's next call through the model."""
+    def attach(self, counters: bool = True) -> None:
+        """Start timing this thread's next call through the model (reading the counters per
+        layer too, unless ``counters`` is false)."""
         self._seq += 1
         self._raw = RawCall(self._seq)
         self._stack = []
         self._thread = _ident()
-        counters = self.counters
-        fast = getattr(counters, "reader", None)
+        source = self.counters if counters else None
+        fast = getattr(source, "reader", None)
         reader = fast() if fast is not None else None
         if reader is not None:
-            self._read, self._names = reader, tuple(counters.names)  # type: ignore[union-attr]
-        elif counters is not None:
-            self._read, self._names = counters.read, None
+            self._read, self._names = reader, tuple(source.names)  # type: ignore[union-attr]
+        elif source is not None:
+            self._read, self._names = source.read, None
+        else:
+            self._read, self._names = None, None
         if self.gpu is not None:
             self.gpu.start_call(self._seq)
         self._handles = [
@@ -244,6 +249,8 @@ class LayerTimer:
                 for k in below:
                     for ck, cv in raw.counters.get(k, {}).items():
                         counters[ck] = counters.get(ck, 0.0) - cv
+            if counters is not None:
+                counters = {**counters, "calls": 1.0}  # sums over this many calls, once added up
             if gpu_ms is not None:
                 cpu_self = incl_ms.get(key, 0.0) - sum(incl_ms.get(k, 0.0) for k in below)
                 counters = {**(counters or {}), "cpu_ms": max(cpu_self, 0.0)}

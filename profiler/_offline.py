@@ -75,7 +75,8 @@ def profile_model(
     if not examples:
         raise ValueError("no example inputs to profile")
     cfg = ProfilerConfig(
-        sample_every=1, budget=None, window_s=3600.0, host_interval_s=None, counters=counters
+        sample_every=1, budget=None, window_s=3600.0, host_interval_s=None, counters=counters,
+        counter_every=1,
     )
     prof = Profiler(cfg, key_fn=lambda a, k: "all")
     prof.watch(model)
@@ -109,7 +110,9 @@ def profile_model(
     layers = []
     for row in win.layers:
         count = row["count"]
-        per_call = {k: v / count for k, v in (row.get("counters") or {}).items()}
+        sums = dict(row.get("counters") or {})
+        calls = sums.pop("calls", count) or count
+        per_call = {k: v / calls for k, v in sums.items()}
         layers.append({
             "layer": row["layer"],
             "op_type": row["op_type"],
@@ -149,8 +152,8 @@ def layout_conversions(model: nn.Module, examples: Sequence[Example], calls: int
     """Time spent converting layouts (contiguous copies, reorders to and from MKL-DNN
     layouts, copies made by reshape/flatten of non-contiguous tensors), per call, with the
     layers it happens in. One torch.profiler pass with a named range per module."""
-    from torch.profiler import ProfilerActivity, profile, record_function  # noqa: PLC0415
     import torch.nn.modules.module as _module  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile, record_function  # noqa: PLC0415
 
     names = {id(m): n or "(root)" for n, m in model.named_modules()}
     ranges: list[Any] = []

@@ -65,12 +65,17 @@ class ProfilerConfig:
       of every period (``None``: always).
     - ``window_s``: aggregation window; ``max_queue``: closed windows held while the sink is
       slow before the oldest are dropped; ``export_batch``: windows per sink call.
-    - ``counters``: per-layer perf counters (hardware where offered, else software).
+    - ``counters``: per-layer perf counters (hardware where offered, else software), read
+      on one sampled call in ``counter_every`` (two reads per layer cost more than the
+      timing; layer rows say over how many calls their counters were summed: ``calls``).
     - ``host_interval_s``: psutil process statistics every so often (``None``: off; only
       with a sink); ``leak_window_s`` / ``leak_min_growth_mb``: steady RSS growth this long
       and this large raises a leak warning.
     - ``gpu`` / ``cupti``: CUDA events and CUPTI kernel records for modules on a CUDA device.
     - ``control_s``: how often the background thread wakes up.
+    - ``layer_window_calls`` / ``layer_window_max_s``: windows closed on the timer carry
+      layer rows once that many calls were sampled since the last ones, or that long after;
+      until then layer statistics keep accumulating (their rows say when they started).
     """
 
     sample_every: int = 100
@@ -82,12 +87,15 @@ class ProfilerConfig:
     duty_on_s: float | None = None
     duty_period_s: float = 5.0
     counters: bool = True
+    counter_every: int = 4
     host_interval_s: float | None = 10.0
     leak_window_s: float = 600.0
     leak_min_growth_mb: float = 64.0
     gpu: bool = True
     cupti: bool = True
     control_s: float = 1.0
+    layer_window_calls: int = 8
+    layer_window_max_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.sample_every < 1:
@@ -96,6 +104,8 @@ class ProfilerConfig:
             raise ValueError("max_sample_every must be >= sample_every")
         if self.window_s <= 0:
             raise ValueError("window_s must be > 0")
+        if self.counter_every < 1:
+            raise ValueError("counter_every must be >= 1")
         if self.max_queue < 1 or self.export_batch < 1:
             raise ValueError("max_queue and export_batch must be >= 1")
         if self.budget is not None and not 0 < self.budget < 1:
@@ -110,6 +120,8 @@ class ProfilerConfig:
             raise ValueError("leak_window_s and leak_min_growth_mb must be > 0")
         if self.control_s <= 0:
             raise ValueError("control_s must be > 0")
+        if self.layer_window_calls < 1 or self.layer_window_max_s < 0:
+            raise ValueError("layer_window_calls must be >= 1 and layer_window_max_s >= 0")
 
 
 class _Token:
@@ -147,7 +159,9 @@ class Profiler:
         while it is not do not count toward a leak. ``serving`` names the variant serving now
         (host samples are kept per variant); by default, the variant of the last call."""
         self.config = cfg = config or ProfilerConfig()
-        self.aggregator = WindowAggregator()
+        self.aggregator = WindowAggregator(
+            layer_min_calls=cfg.layer_window_calls, layer_max_s=cfg.layer_window_max_s
+        )
         self.aggregator.before_close = lambda: self._drain(wait=True)
         self.controller = RateController(cfg.sample_every, cfg.budget, cfg.max_sample_every)
         self._every = cfg.sample_every
@@ -156,6 +170,7 @@ class Profiler:
         self._serving = serving
         self._counter = itertools.count(1)
         self._sampling = threading.Lock()
+        self._sampled_seq = 0
         self._timers: dict[int, LayerTimer] = {}
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_lock = threading.Lock()
@@ -334,7 +349,9 @@ class Profiler:
                     self.cupti_reason = f"disabled after an error: {type(exc).__name__}: {exc}"
                     self._tracer = None
                     timer.gpu.tracer = None
-            timer.attach()
+            self._sampled_seq += 1
+            timer.attach(counters=self._sampled_seq % self.config.counter_every == 1
+                         or self.config.counter_every == 1)
         except Exception:  # noqa: BLE001
             timer.detach()
             self._sampling.release()
@@ -501,7 +518,8 @@ class Profiler:
                 self._tick()
                 if time.monotonic() >= next_window:
                     next_window += cfg.window_s
-                    self._exporter.offer(self.close_window(wait=False))  # type: ignore[union-attr]
+                    window = self.close_window(wait=False, flush_layers=False)
+                    self._exporter.offer(window)  # type: ignore[union-attr]
             except Exception:  # noqa: BLE001 - the profiler thread must outlive any bad tick
                 log.exception("profiler background tick failed")
 
@@ -587,13 +605,14 @@ class Profiler:
             self._reported_every = new
         return new
 
-    def close_window(self, *, wait: bool = True) -> Window:
+    def close_window(self, *, wait: bool = True, flush_layers: bool = True) -> Window:
         """Turn pending sampled calls into rows, end the current window and return it, with
-        the host samples and events taken since the last one."""
+        the host samples and events taken since the last one (and the layer rows, when
+        ``flush_layers`` or when they are due)."""
         self._drain(wait=wait)
         before, self.aggregator.before_close = self.aggregator.before_close, None
         try:
-            win = self.aggregator.close()
+            win = self.aggregator.close(flush_layers=flush_layers)
         finally:
             self.aggregator.before_close = before
         win.host, self._host_rows = self._host_rows, []

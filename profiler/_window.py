@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-
 RESERVOIR = 512
 #: Most shape buckets kept per window; calls of further buckets are counted as ``other``.
 MAX_BUCKETS = 64
@@ -64,7 +63,7 @@ class _Series:
             if j < RESERVOIR:
                 self.sample[j] = value
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         s = sorted(self.sample)
         p90 = _quantile(s, 0.90)
         kept = [v for v in s if v <= p90]
@@ -104,6 +103,8 @@ class Window:
     events: list[dict[str, Any]] = field(default_factory=list)
     dropped: int = 0
     profiler: dict[str, Any] = field(default_factory=dict)
+    layers_start: float | None = None
+    """Where the layer rows' own window starts (they may span several request windows)."""
     sampled: list[dict[str, Any]] = field(default_factory=list)
     """Per (variant, shape bucket): the sampled calls' own latency, net of the profiler's
     time in them (what layer shares are shares of); not a store table."""
@@ -136,7 +137,22 @@ class Totals:
 class WindowAggregator:
     """Thread-safe accumulation of call and layer timings for the current window."""
 
-    def __init__(self, seed: int = 0, max_buckets: int = MAX_BUCKETS) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        max_buckets: int = MAX_BUCKETS,
+        *,
+        layer_min_calls: int = 1,
+        layer_max_s: float = 0.0,
+    ) -> None:
+        """``layer_min_calls`` / ``layer_max_s``: when windows close on a timer (``close(...,
+        flush_layers=False)``), layer statistics are emitted once this many sampled calls
+        accumulated, or this long after their last emission; until then they keep
+        accumulating across request windows (layer rows carry their own start). At a low
+        sampling rate most request windows hold one sampled call or none, and a row per layer
+        per window would cost more to store than it tells."""
+        self.layer_min_calls = layer_min_calls
+        self.layer_max_s = layer_max_s
         #: Called at the start of :meth:`close` (the profiler turns its pending sampled calls
         #: into layer rows there, so closing the aggregator directly misses none).
         self.before_close: Callable[[], None] | None = None
@@ -144,21 +160,28 @@ class WindowAggregator:
         self._rng = random.Random(seed)
         self.max_buckets = max_buckets
         self._totals = Totals()
-        self._reset(time.time())
+        now = time.time()
+        self._reset(now)
+        self._reset_layers(now)
+        self._layer_calls = 0
 
     def _reset(self, now: float) -> None:
         self._start = now
         self._calls: dict[tuple[Any, str], _Series] = {}
         self._errors: dict[tuple[Any, str], int] = {}
         self._fallbacks: dict[tuple[Any, str], int] = {}
-        self._sampled: dict[tuple[Any, str], _Series] = {}
-        self._layers: dict[tuple[Any, str, str, str], _Series] = {}
-        self._counters: dict[tuple[Any, str, str, str], dict[str, float]] = {}
-        self._kernels: dict[tuple[Any, str, str, str], dict[tuple[str, Any, Any], list[int]]] = {}
+        self._sampled_n: dict[tuple[Any, str], int] = {}
         self._overhead_ns: dict[tuple[Any, str], int] = {}
         self._incall_ns: dict[tuple[Any, str], int] = {}
         self._background_ns = 0
         self._buckets: set[str] = set()
+
+    def _reset_layers(self, now: float) -> None:
+        self._layers_start = now
+        self._sampled: dict[tuple[Any, str], _Series] = {}
+        self._layers: dict[tuple[Any, str, str, str], _Series] = {}
+        self._counters: dict[tuple[Any, str, str, str], dict[str, float]] = {}
+        self._kernels: dict[tuple[Any, str, str, str], dict[tuple[str, Any, Any], list[int]]] = {}
 
     def _bucket(self, bucket: str) -> str:
         """The bucket to count under (``other`` past :attr:`max_buckets`); under the lock."""
@@ -244,6 +267,8 @@ class WindowAggregator:
             if s is None:
                 s = self._sampled[key] = _Series(self._rng)
             s.add(elapsed_ms)
+            self._sampled_n[key] = self._sampled_n.get(key, 0) + 1
+            self._layer_calls += 1
             self._overhead_ns[key] = self._overhead_ns.get(key, 0) + overhead_ns
             self._incall_ns[key] = self._incall_ns.get(key, 0) + incall_ns
             self._totals.sampled += 1
@@ -288,26 +313,39 @@ class WindowAggregator:
             return Totals(t.calls, t.serving_ns, t.call_cost_ns, t.sampled,
                           t.sampled_cost_ns, t.background_ns)
 
-    def close(self, now: float | None = None) -> Window:
-        """End the current window and start the next; returns the closed one."""
+    def close(self, now: float | None = None, *, flush_layers: bool = True) -> Window:
+        """End the current window and start the next; returns the closed one. Layer rows come
+        with it when ``flush_layers`` or when they are due (see the constructor)."""
         if self.before_close is not None:
             self.before_close()
         now = time.time() if now is None else now
         with self._lock:
             start = self._start
             calls, errors, fallbacks = self._calls, self._errors, self._fallbacks
-            sampled, layers, counters = self._sampled, self._layers, self._counters
-            kernels = self._kernels
+            sampled_n = self._sampled_n
             overhead = self._overhead_ns
             incall = self._incall_ns
             background = self._background_ns
             self._reset(now)
-        win = Window(start=start, end=now)
+            due = (
+                flush_layers
+                or self._layer_calls >= self.layer_min_calls
+                or now - self._layers_start >= self.layer_max_s
+            )
+            layers_start = self._layers_start
+            if due:
+                sampled, layers, counters = self._sampled, self._layers, self._counters
+                kernels = self._kernels
+                self._reset_layers(now)
+                self._layer_calls = 0
+            else:
+                sampled, layers, counters, kernels = {}, {}, {}, {}
+        win = Window(start=start, end=now, layers_start=layers_start)
         busy_all = sum(s.total for s in calls.values()) * 1e6
         for (variant, bucket), series in calls.items():
             row = series.stats()
             busy_ns = series.total * 1e6
-            cost = overhead.get((variant, bucket), 0)
+            cost = float(overhead.get((variant, bucket), 0))
             if busy_all:
                 cost += background * busy_ns / busy_all
             busy_ns = max(busy_ns - incall.get((variant, bucket), 0), 1.0)  # hooks: not serving
@@ -316,7 +354,7 @@ class WindowAggregator:
                 shape_bucket=bucket,
                 errors=errors.get((variant, bucket), 0),
                 fallbacks=fallbacks.get((variant, bucket), 0),
-                sampled=sampled[(variant, bucket)].count if (variant, bucket) in sampled else 0,
+                sampled=sampled_n.get((variant, bucket), 0),
                 overhead=cost / busy_ns if busy_ns else 0.0,
                 histogram=list(series.buckets or ()),
             )

@@ -143,7 +143,7 @@ class Burn(nn.Module):
 @linux
 def test_per_layer_counter_deltas_reach_the_window_rows() -> None:
     model = nn.Sequential(Burn(400_000), Burn(100_000))
-    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None, counter_every=1))
     prof.watch(model)
     x = torch.ones(1)
     for _ in range(3):
@@ -154,7 +154,7 @@ def test_per_layer_counter_deltas_reach_the_window_rows() -> None:
     win = prof.close_window()
     rows = {r["layer"]: r for r in win.layers}
     big, small = rows["0"]["counters"], rows["1"]["counters"]
-    assert set(big) == set(counter_availability().events)
+    assert set(big) == set(counter_availability().events) | {"calls"} and big["calls"] == 3
     # the task clock of each layer is the CPU time the layer itself measured
     assert big["task_clock_ns"] == pytest.approx(model[0].cpu_ns, rel=0.5)
     assert small["task_clock_ns"] == pytest.approx(model[1].cpu_ns, rel=0.5)
@@ -178,10 +178,25 @@ def test_layer_timer_takes_any_counter_source() -> None:
     model(torch.ones(1))
     timer.detach()
     rows = {r[0]: r[3] for r in timer.results()}
-    assert rows["0"] == {"ticks": 1.0} and rows["1"] == {"ticks": 1.0}
+    assert rows["0"] == {"ticks": 1.0, "calls": 1.0} and rows["1"] == {"ticks": 1.0, "calls": 1.0}
 
 
 def test_derived_ratios() -> None:
     assert derived({"cycles": 200.0, "instructions": 300.0}) == {"ipc": 1.5}
     assert derived({"cache_references": 100.0, "cache_misses": 5.0}) == {"cache_miss_rate": 0.05}
     assert derived({"task_clock_ns": 1.0}) == {} and derived(None) == {}
+
+
+@linux
+def test_counters_are_read_on_one_sampled_call_in_n_and_say_over_how_many() -> None:
+    model = nn.Sequential(Burn(10_000))
+    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None, counter_every=4))
+    prof.watch(model)
+    x = torch.ones(1)
+    for _ in range(9):
+        token = prof.begin(model)
+        model(x)
+        prof.end(token, 1, (x,), {}, 1000)
+    row = next(r for r in prof.close_window().layers if r["layer"] == "0")
+    assert row["count"] == 9 and row["counters"]["calls"] == 3  # calls 1, 5 and 9
+    prof.stop()

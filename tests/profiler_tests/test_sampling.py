@@ -264,3 +264,24 @@ def test_closing_the_aggregator_directly_includes_pending_sampled_calls() -> Non
     model(x)
     prof.end(token, None, (x,), {}, 1000)
     assert "0" in {r["layer"] for r in prof.aggregator.close().layers}
+
+
+def test_layer_rows_accumulate_across_timer_windows_until_they_are_worth_a_row() -> None:
+    agg = WindowAggregator(layer_min_calls=3, layer_max_s=3600)
+    layers = [("fc", "Linear", 1.0, None)]
+    first = None
+    for _ in range(2):
+        agg.add_call(1, "b1", 2.0)
+        agg.add_sampled_call(1, "b1", 2.0, layers, 100)
+        win = agg.close(flush_layers=False)  # a timer close: not enough sampled calls yet
+        first = first or win
+        assert win.layers == [] and win.requests[0]["sampled"] == 1
+    agg.add_call(1, "b1", 2.0)
+    agg.add_sampled_call(1, "b1", 2.0, layers, 100)
+    win = agg.close(flush_layers=False)
+    assert win.requests[0]["sampled"] == 1
+    (row,) = win.layers
+    assert row["count"] == 3 and row["share"] == pytest.approx(0.5)
+    assert win.layers_start == first.start < win.start  # the layer row spans all three
+    agg.add_sampled_call(1, "b1", 2.0, layers, 100)
+    assert len(agg.close().layers) == 1  # an explicit close (flush) always carries them
