@@ -37,11 +37,17 @@ from compiler import Recipe, probe  # noqa: E402
 from compiler.fingerprint import fingerprint  # noqa: E402
 from pgc_daemon.policy import Policy  # noqa: E402
 from pgc_daemon.search.evaluate import Evaluator  # noqa: E402
-from pgc_daemon.search.prepare import offline_profile, timing_inputs_for  # noqa: E402
-from pgc_daemon.search.space import Space, choices_for, hot_layers  # noqa: E402
+from pgc_daemon.search.prepare import (  # noqa: E402
+    _most_sensitive,
+    measure_sensitivity,
+    offline_profile,
+    timing_inputs_for,
+)
+from pgc_daemon.search.space import Space, build_space, hot_layers  # noqa: E402
 from pgc_daemon.search.study import Search, TrialRecord, prune_threshold  # noqa: E402
 
 TARGET = 1.05  # within 5% of the best feasible latency
+CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt")
 
 
 def load_model(name: str) -> tuple[torch.nn.Module, list[Any]]:
@@ -126,8 +132,8 @@ def trials_to_target(records: list[TrialRecord], best: float) -> tuple[int | Non
 
 
 def run_strategy(
-    name: str, space: Space, table: dict[str, Any], policy: Policy, base: Any, evaluator: Any,
-    seed: int, cap: int, best: float,
+    name: str, space: Space, pgc_space: Space, sensitive: list[str], table: dict[str, Any],
+    policy: Policy, base: Any, evaluator: Any, seed: int, cap: int, best: float,
 ) -> tuple[int | None, float]:
     records: list[TrialRecord] = []
 
@@ -136,13 +142,14 @@ def run_strategy(
 
     pgc = name == "pgc"
     search = Search(
-        base=base, space=space, policy=policy, evaluator=evaluator, timing_inputs=[], calibration=[],
-        storage=None, name=f"bench-{name}-{seed}", seed=seed, on_trial=on_trial,
+        base=base, space=pgc_space if pgc else space, policy=policy, evaluator=evaluator,
+        timing_inputs=[], calibration=[], storage=None, name=f"bench-{name}-{seed}", seed=seed,
+        on_trial=on_trial,
         sampler=None if pgc else optuna.samplers.RandomSampler(seed=seed),
         evaluate=replay_evaluate(table, policy, prune=pgc),
     )
     if pgc:
-        search.enqueue(space.baselines())
+        search.enqueue(pgc_space.baselines(sensitive))
     search.run(cap)
     return trials_to_target(records, best)
 
@@ -168,13 +175,23 @@ def main() -> int:
     base, inputs = load_model(args.model)
     profile = offline_profile(base, inputs)
     hw = probe()
-    choices = tuple(c for c in choices_for(hw) if c != "int8-weight_only-pc")
+    # pgc's own view: hot layers and pruned choices from sensitivity, measured in this run
+    t_sens = time.monotonic()
+    report = measure_sensitivity(base, inputs, profile, metric="cosine" if args.model == "minilm" else None)
+    sens_s = time.monotonic() - t_sens
+    pgc_space = build_space(
+        base, profile, hw, max_hot=args.max_hot, sensitivity=report, max_drop=args.max_drop,
+        choices=CHOICES, backends=("inductor", "eager"),
+    )
+    sensitive = _most_sensitive(report, pgc_space.hot_layers, args.max_drop)
+    # the same space without pgc's pruning: what random search and the grid explore
     space = Space(
-        hot_layers=tuple(hot_layers(base, profile, max_hot=args.max_hot)),
-        layer_choices=choices,
-        default_choices=choices,
+        hot_layers=pgc_space.hot_layers,
+        layer_choices=CHOICES,
+        default_choices=CHOICES,
         backends=("inductor", "eager"),
     )
+    choices = CHOICES
     policy = Policy(max_accuracy_drop=args.max_drop, max_trials=space.size)
     evaluator = Evaluator(base, inputs, metric="cosine" if args.model == "minilm" else None)
     key = hashlib.sha256(
@@ -213,9 +230,11 @@ def main() -> int:
         task = progress.add_task("replaying strategies", total=2 * args.seeds)
         for seed in range(args.seeds):
             for name in ("pgc", "random"):
-                results[name].append(
-                    run_strategy(name, space, table, policy, base, evaluator, seed, 3 * space.size, best)
+                trials, wall = run_strategy(
+                    name, space, pgc_space, sensitive, table, policy, base, evaluator, seed,
+                    3 * space.size, best,
                 )
+                results[name].append((trials, wall + (sens_s if name == "pgc" else 0.0)))
                 progress.advance(task)
 
     def med(xs: list[tuple[int | None, float]], i: int) -> float:
@@ -230,6 +249,9 @@ def main() -> int:
         "best_feasible_label": best_label,
         "best_feasible_speedup": 1 / best,
         "feasible_recipes": len(feasible),
+        "pgc_space_size": pgc_space.size,
+        "pruned": [list(p) for p in pgc_space.pruned],
+        "sensitivity_s": round(sens_s, 1),
         "seeds": args.seeds,
         "pgc_trials_median": med(results["pgc"], 0),
         "random_trials_median": med(results["random"], 0),
@@ -250,7 +272,10 @@ def main() -> int:
     t.add_row("Optuna random", f"{out['random_trials_median']}", f"{out['random_wall_s_median']}", str(out["random_trials"]))
     t.add_row("grid", f"{grid_trials}", f"{out['grid_wall_s']}", "-")
     console.print(t)
-    console.print(f"space: {space.size} recipes, {len(feasible)} feasible at drop <= {args.max_drop}")
+    console.print(
+        f"space: {space.size} recipes, {len(feasible)} feasible at drop <= {args.max_drop}; "
+        f"pgc pruned it to {pgc_space.size} with {sens_s:.0f} s of sensitivity (counted in its wall time)"
+    )
     if args.json:
         print(json.dumps(out), flush=True)
     return 0

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget", type=float, default=1800.0, help="seconds (default 1800)")
     p.add_argument("--storage", help="Optuna storage URL to keep (and resume) the study")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-sensitivity", action="store_true", help="skip per-layer sensitivity (faster, blinder)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
 
@@ -69,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
             if not console.is_terminal:
                 console.print(f"trial {done}/{budget}: {rec.label}: {rec.message}")
 
-        out = optimize(args.spec, policy, storage=args.storage, seed=args.seed, on_trial=on_trial)
+        out = optimize(
+            args.spec, policy, storage=args.storage, seed=args.seed, on_trial=on_trial,
+            with_sensitivity=not args.no_sensitivity,
+        )
     data = out.to_dict()
     table = Table(title=f"{args.spec}: latency-accuracy front ({data['metric']})")
     for col in ("variant", "speedup", "latency ms", "drop", "feasible"):
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print(f"metric: {data['metric_reason']}; * = on the Pareto front")
+    for layer, choice, why in data["pruned"][:8]:
+        console.print(f"pruned {choice} for {layer}: {why}")
     console.print(f"baseline fp32 eager {data['baseline_ms'] or 0:.3f} ms · {data['message']}")
     if data["recipe"] is not None:
         console.print("recipe: " + json.dumps(data["recipe"]))

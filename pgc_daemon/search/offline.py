@@ -11,7 +11,7 @@ from typing import Any
 from compiler import fingerprint, probe
 from pgc_daemon.modelspec import load_spec
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.prepare import make_search, offline_profile
+from pgc_daemon.search.prepare import make_search, measure_sensitivity, offline_profile
 from pgc_daemon.search.study import SearchResult, TrialRecord, study_name
 
 METRIC_REASONS = {
@@ -30,6 +30,7 @@ class OfflineResult:
     profile: list[dict[str, Any]]
     hot_layers: list[str]
     space_size: int
+    pruned: list[tuple[str, str, str]]
     elapsed_s: float
     metric_source: str
 
@@ -54,6 +55,7 @@ class OfflineResult:
             "closest": [_point(t) for t in r.closest],
             "hot_layers": self.hot_layers,
             "space_size": self.space_size,
+            "pruned": [list(p) for p in self.pruned],
             "elapsed_s": round(self.elapsed_s, 1),
         }
 
@@ -77,10 +79,16 @@ def optimize(
     storage: str | None = None,
     seed: int = 0,
     on_trial: Callable[[TrialRecord, int, int], None] | None = None,
+    with_sensitivity: bool = True,
 ) -> OfflineResult:
     started = time.monotonic()
     spec = load_spec(spec_path)
     profile = offline_profile(spec.model, spec.examples)
+    report = (
+        measure_sensitivity(spec.model, spec.examples, profile, metric=spec.metric)
+        if with_sensitivity
+        else None
+    )
     name = study_name(spec_path, fingerprint(spec.model), probe().key(), policy)
     search = make_search(
         base=spec.model,
@@ -93,6 +101,7 @@ def optimize(
         accuracy=spec.accuracy,
         labels=spec.labels,
         on_trial=on_trial,
+        sensitivity=report,
         seed=seed,
     )
     metric = search.evaluator.metric
@@ -107,6 +116,7 @@ def optimize(
         profile=profile,
         hot_layers=list(search.space.hot_layers),
         space_size=search.space.size,
+        pruned=list(search.space.pruned),
         elapsed_s=time.monotonic() - started,
         metric_source=source,
     )

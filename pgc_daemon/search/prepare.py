@@ -9,15 +9,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiler import Example, Recipe, probe
+from compiler import Example, Recipe, SensitivityReport, probe, sensitivity
 from pgc_daemon.policy import Policy
 from pgc_daemon.search.evaluate import Evaluator
-from pgc_daemon.search.space import Space, build_space
+from pgc_daemon.search.space import Space, build_space, choices_for, time_candidates
 from pgc_daemon.search.study import Search, TrialRecord
 from profiler import Profiler, ProfilerConfig, shape_key
 
 ACCURACY_INPUTS = 64
 TIMING_INPUTS = 16
+MAX_HOT = 6
+SENSITIVITY_INPUTS = 8
 
 
 def timing_inputs_for(
@@ -71,6 +73,30 @@ def offline_profile(model: nn.Module, inputs: Sequence[Example], rounds: int = 3
     return sorted(rows, key=lambda r: r["share"], reverse=True)
 
 
+def measure_sensitivity(
+    model: nn.Module,
+    inputs: Sequence[Example],
+    profile: Sequence[dict[str, Any]],
+    *,
+    metric: str | None = None,
+    max_layers: int = 2 * MAX_HOT,
+) -> SensitivityReport:
+    """Per-layer sensitivity of the layers that carry the live time (the hottest
+    ``max_layers`` of them) to the int8 choices the search offers; bf16 and int8 weight-only
+    are close to lossless and not measured (so never pruned). Costs a few seconds a layer."""
+    layers = time_candidates(model, profile)[:max_layers]
+    choices = [c for c in choices_for(probe()) if c.startswith("int8") and "weight_only" not in c]
+    return sensitivity(
+        model,
+        inputs,
+        choices,
+        layers=layers,
+        metric=metric,
+        calibration=inputs,
+        max_inputs=SENSITIVITY_INPUTS,
+    )
+
+
 def make_search(
     *,
     base: nn.Module,
@@ -87,9 +113,11 @@ def make_search(
     should_stop: Callable[[], bool] | None = None,
     warm_start: Sequence[Recipe] = (),
     space: Space | None = None,
+    sensitivity: SensitivityReport | None = None,
     seed: int = 0,
 ) -> Search:
-    """A :class:`Search` with baselines (and warm-start recipes) enqueued first."""
+    """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
+    baselines (and warm-start recipes) enqueued first."""
     n = min(len(inputs), ACCURACY_INPUTS)
     evaluator = Evaluator(
         base,
@@ -98,7 +126,14 @@ def make_search(
         accuracy=accuracy,
         labels=list(labels[:n]) if labels is not None else None,
     )
-    space = space or build_space(base, profile, probe())
+    space = space or build_space(
+        base,
+        profile,
+        probe(),
+        max_hot=MAX_HOT,
+        sensitivity=sensitivity,
+        max_drop=policy.max_accuracy_drop,
+    )
     search = Search(
         base=base,
         space=space,
@@ -113,5 +148,21 @@ def make_search(
         seed=seed,
     )
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
-    search.enqueue(queued + space.baselines())
+    sensitive = _most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop)
+    search.enqueue(queued + space.baselines(sensitive))
     return search
+
+
+def _most_sensitive(
+    report: SensitivityReport | None, hot: Sequence[str], max_drop: float
+) -> list[str]:
+    """Hot layers whose int8 alone costs a noticeable part of the budget (a quarter or more),
+    most sensitive first, at most two: an enqueued trial keeps them in fp32."""
+    if report is None:
+        return []
+    worst: dict[str, float] = {}
+    for row in report.rows:
+        if row.layer in hot and row.drop is not None:
+            worst[row.layer] = max(worst.get(row.layer, 0.0), row.drop)
+    ranked = sorted((d, n) for n, d in worst.items() if d >= max_drop / 4)
+    return [n for _, n in reversed(ranked)][:2]

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 import store as st
-from compiler import Recipe, RecipeError, fingerprint
+from compiler import LayerSensitivity, Recipe, RecipeError, SensitivityReport, fingerprint
 from pgc_daemon.errors import SearchError
 from pgc_daemon.modelspec import load_spec
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir
-from pgc_daemon.search.prepare import make_search
+from pgc_daemon.search.prepare import make_search, measure_sensitivity
 from pgc_daemon.search.study import SearchResult, TrialRecord
 from pgc_daemon.settings import Settings
 
@@ -82,6 +82,14 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     if len(inputs) < MIN_INPUTS:
         inputs, source = spec.examples, "the spec's example inputs"
 
+    report = stored_sensitivity(store, model.id, model.graph_hash or "")
+    if report is None:
+        with store.session() as s:
+            st.repo.update_search_run(s, run_id, message="measuring per-layer sensitivity")
+        report = measure_sensitivity(spec.model, inputs, profile, metric=model.metric or spec.metric)
+        with store.session() as s:
+            st.repo.save_sensitivity(s, model.id, model.graph_hash or "", report.to_rows())
+
     def on_trial(rec: TrialRecord, done: int, budget: int) -> None:
         with store.session() as s:
             record_trial(s, model.id, run_id, rec)
@@ -112,6 +120,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         on_trial=on_trial,
         should_stop=should_stop,
         warm_start=warm,
+        sensitivity=report,
     )
     resumed = len(search.finished())
     with store.session() as s:
@@ -121,7 +130,8 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             trials_done=min(resumed, run.trials_budget),
             message=(
                 f"searching {search.space.size} variants ({len(search.space.hot_layers)} hot "
-                f"layers) on {len(inputs)} inputs from {source}"
+                f"layers, {len(search.space.pruned)} choices pruned by sensitivity) on "
+                f"{len(inputs)} inputs from {source}"
                 + (f"; resuming with {resumed} finished trials" if resumed else "")
                 + (f"; warm-started from {len(warm)} earlier recipes" if warm else "")
             ),
@@ -129,6 +139,24 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     result = search.run(run.trials_budget, timeout_s=policy.time_budget_s)
     finish_run(store, model.id, run_id, result, policy)
     return result
+
+
+def stored_sensitivity(store: st.Store, model_id: int, graph_hash: str) -> SensitivityReport | None:
+    """The sensitivity measured earlier for this version of the model, if any (measured
+    once per model version: resumed and later searches see the same space)."""
+    with store.session() as s:
+        rows = st.repo.load_sensitivity(s, model_id, graph_hash)
+    if not rows:
+        return None
+    report = SensitivityReport(metric=rows[0].metric, inputs=rows[0].inputs)
+    for r in rows:
+        report.rows.append(
+            LayerSensitivity(
+                layer=r.layer, choice=r.choice, fidelity=r.fidelity, rms=r.rms, sqnr_db=r.sqnr_db,
+                max_abs=r.max_abs, layer_sqnr_db=r.layer_sqnr_db, status=r.status,
+            )
+        )
+    return report
 
 
 def _best(s: Any, model_id: int, run_id: int) -> tuple[float | None, float | None]:

@@ -1,37 +1,58 @@
-"""The search space, shaped by the live profile.
+"""The search space, shaped by the live profile and by per-layer sensitivity.
 
-Layers that carry most of the live time get a choice of their own; every other layer shares
-one ``_default`` choice. That keeps the space small where it does not matter and lets the
-search spend its few trials where the time goes (for MiniLM: the feed-forward projections).
+The live profile says which quantizable layers carry the time (the smallest set covering 80%
+of it: the *candidates*). Sensitivity (``compiler.sensitivity``: the output error when only one
+layer changes) says which of those need a say of their own: the most sensitive candidates
+become *hot* layers with their own choice, every other layer shares one ``_default`` choice.
+A choice that breaks the accuracy budget on its own for a layer is pruned for that layer (and,
+for the default, when it does so on any layer the default covers). That keeps the space small
+where it does not matter and spends the few trials a search has where time and accuracy are
+at stake (for MiniLM: the feed-forward projections, the output projections most sensitive).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from compiler import Backend, Hardware, LayerQuant, Quantization, Recipe
+from compiler import Backend, Hardware, LayerQuant, Quantization, Recipe, SensitivityReport
 from compiler.recipe import DEFAULT_KEY
 
 QUANTIZABLE = (nn.Linear,)
-BASE_CHOICES = ("fp32", "int8-dynamic-pc", "int8-dynamic-pt", "int8-weight_only-pc")
+BASE_CHOICES = (
+    "fp32",
+    "int8-static-pc",
+    "int8-dynamic-pc",
+    "int8-dynamic-pt",
+    "int8-weight_only-pc",
+)
+SAFE = "fp32"
 
 
 @dataclass(frozen=True)
 class Space:
+    """``layer_choices`` is what every hot layer may take unless ``per_layer`` narrows it
+    (after pruning by sensitivity); ``pruned`` says what was taken out and why."""
+
     hot_layers: tuple[str, ...]
     layer_choices: tuple[str, ...]
     default_choices: tuple[str, ...]
     backends: tuple[str, ...]
+    per_layer: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    pruned: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
+
+    def choices_of(self, layer: str) -> tuple[str, ...]:
+        return dict(self.per_layer).get(layer, self.layer_choices)
 
     def suggest(self, trial: Any) -> Recipe:
         params = {"default": trial.suggest_categorical("default", self.default_choices)}
         for name in self.hot_layers:
-            params[f"layer:{name}"] = trial.suggest_categorical(f"layer:{name}", self.layer_choices)
+            params[f"layer:{name}"] = trial.suggest_categorical(f"layer:{name}", self.choices_of(name))
         params["backend"] = trial.suggest_categorical("backend", self.backends)
         return self.recipe(params)
 
@@ -41,14 +62,18 @@ class Space:
             choice = params.get(f"layer:{name}", params["default"])
             if choice != params["default"]:
                 rules[name] = LayerQuant.parse(choice)
-        quant = Quantization.of(rules) if any(not c.is_identity for c in rules.values()) else Quantization()
+        quant = (
+            Quantization.of(rules) if any(not c.is_identity for c in rules.values()) else Quantization()
+        )
         return Recipe(quantization=quant, backend=Backend(params["backend"]))
 
     def params(self, default: str, backend: str, **layers: str) -> dict[str, Any]:
-        """Parameters for an enqueued trial: every hot layer follows ``default`` unless named."""
+        """Parameters for an enqueued trial: every hot layer follows ``default`` unless named,
+        or stays fp32 where ``default`` was pruned for it."""
         out: dict[str, Any] = {"default": default, "backend": backend}
         for name in self.hot_layers:
-            out[f"layer:{name}"] = layers.get(name, default)
+            want = layers.get(name, default)
+            out[f"layer:{name}"] = want if want in self.choices_of(name) else SAFE
         return out
 
     def params_for(self, recipe: Recipe) -> dict[str, Any] | None:
@@ -63,29 +88,41 @@ class Space:
             return None
         layers: dict[str, str] = {}
         for key, choice in rules.items():
-            if key not in self.hot_layers or choice.label() not in self.layer_choices:
+            if key not in self.hot_layers or choice.label() not in self.choices_of(key):
                 return None
             layers[key] = choice.label()
         params = self.params(default, recipe.backend.kind, **layers)
         return params if self.recipe(params) == recipe else None
 
-    def baselines(self) -> list[dict[str, Any]]:
-        """What every search tries first: fp32 compiled, and all-int8 per-channel compiled."""
+    def baselines(self, sensitive: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """What every search tries first: fp32 compiled, all-int8 per-channel compiled (static,
+        then dynamic), and all-int8 with the ``sensitive`` hot layers kept in fp32."""
         backend = "inductor" if "inductor" in self.backends else self.backends[0]
         out = [self.params("fp32", backend)] if backend == "inductor" else []
         for choice in ("int8-static-pc", "int8-dynamic-pc"):
             if choice in self.default_choices:
                 out.append(self.params(choice, backend))
-        return out
+        keep = [n for n in sensitive if n in self.hot_layers]
+        for choice in ("int8-static-pc", "int8-dynamic-pc"):
+            if choice in self.default_choices and keep:
+                out.append(self.params(choice, backend, **{n: SAFE for n in keep}))
+        unique: list[dict[str, Any]] = []
+        for p in out:
+            if p not in unique:
+                unique.append(p)
+        return unique
 
     @property
     def size(self) -> int:
-        return len(self.default_choices) * len(self.layer_choices) ** len(self.hot_layers) * len(self.backends)
+        n = len(self.default_choices) * len(self.backends)
+        for name in self.hot_layers:
+            n *= len(self.choices_of(name))
+        return n
 
     def grid(self) -> Iterator[dict[str, Any]]:
         keys = ["default"] + [f"layer:{n}" for n in self.hot_layers] + ["backend"]
         pools: list[Sequence[str]] = (
-            [self.default_choices] + [self.layer_choices] * len(self.hot_layers) + [self.backends]
+            [self.default_choices] + [self.choices_of(n) for n in self.hot_layers] + [self.backends]
         )
         for combo in itertools.product(*pools):
             yield dict(zip(keys, combo))
@@ -95,7 +132,9 @@ class Space:
             "hot_layers": list(self.hot_layers),
             "layer_choices": list(self.layer_choices),
             "default_choices": list(self.default_choices),
+            "per_layer": {k: list(v) for k, v in self.per_layer},
             "backends": list(self.backends),
+            "pruned": [list(p) for p in self.pruned],
             "size": self.size,
         }
 
@@ -104,37 +143,80 @@ def quantizable_layers(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, QUANTIZABLE)]
 
 
-def hot_layers(
-    model: nn.Module,
-    profile: Sequence[dict[str, Any]],
-    *,
-    coverage: float = 0.8,
-    max_hot: int = 6,
+def time_candidates(
+    model: nn.Module, profile: Sequence[dict[str, Any]], *, coverage: float = 0.8
 ) -> list[str]:
-    """The quantizable layers that cover ``coverage`` of the quantizable layers' live time,
-    hottest first, at most ``max_hot``."""
+    """The smallest set of quantizable layers covering ``coverage`` of their live time,
+    hottest first."""
     candidates = set(quantizable_layers(model))
     rows = [r for r in profile if r["layer"] in candidates]
     rows.sort(key=lambda r: r.get("share", 0.0), reverse=True)
     total = sum(r.get("share", 0.0) for r in rows)
     chosen, acc = [], 0.0
     for r in rows:
-        if len(chosen) >= max_hot or (total and acc >= coverage * total):
+        if total and acc >= coverage * total:
             break
         chosen.append(r["layer"])
         acc += r.get("share", 0.0)
     return chosen
 
 
+def hot_layers(
+    model: nn.Module,
+    profile: Sequence[dict[str, Any]],
+    *,
+    coverage: float = 0.8,
+    max_hot: int = 6,
+    sensitivity: SensitivityReport | None = None,
+) -> list[str]:
+    """At most ``max_hot`` of the time candidates: the most sensitive ones when a sensitivity
+    report is given (they need a choice of their own), else the hottest."""
+    candidates = time_candidates(model, profile, coverage=coverage)
+    if sensitivity is None:
+        return candidates[:max_hot]
+    return sorted(candidates, key=lambda n: _worst_fidelity(sensitivity, n))[:max_hot]
+
+
+def _worst_fidelity(report: SensitivityReport, layer: str) -> float:
+    values = [r.fidelity for r in report.rows if r.layer == layer and r.fidelity is not None]
+    return min(values) if values else math.inf
+
+
 def choices_for(hardware: Hardware) -> tuple[str, ...]:
-    """Layer choices worth trying on this machine (bf16 only where there are bf16 units,
-    fp16 only on a GPU); the search measures which of them are really fast."""
+    """Layer choices worth trying on this machine (bf16 only where there are bf16 units, fp16
+    only on a GPU); the search measures which of them are really fast."""
     out = list(BASE_CHOICES)
     if hardware.bf16_fast or hardware.cuda:
         out.append("bf16")
     if hardware.cuda:
         out.append("fp16")
     return tuple(out)
+
+
+def prune(
+    layers: Sequence[str],
+    choices: Sequence[str],
+    sensitivity: SensitivityReport | None,
+    max_drop: float,
+) -> tuple[dict[str, tuple[str, ...]], list[tuple[str, str, str]]]:
+    """Per layer, the choices that do not break the budget on their own; and what was taken
+    out, with why. A layer that cannot take a choice loses it too; fp32 always stays."""
+    kept: dict[str, tuple[str, ...]] = {}
+    removed: list[tuple[str, str, str]] = []
+    for layer in layers:
+        ok = []
+        for choice in choices:
+            row = sensitivity.get(layer, choice) if sensitivity is not None else None
+            if choice == SAFE or row is None:
+                ok.append(choice)
+            elif row.status != "ok":
+                removed.append((layer, choice, row.status))
+            elif row.drop is not None and row.drop > max_drop:
+                removed.append((layer, choice, f"drop {row.drop:.4f} alone > budget {max_drop}"))
+            else:
+                ok.append(choice)
+        kept[layer] = tuple(ok)
+    return kept, removed
 
 
 def build_space(
@@ -145,11 +227,35 @@ def build_space(
     coverage: float = 0.8,
     max_hot: int = 6,
     backends: Sequence[str] = ("inductor", "eager"),
+    sensitivity: SensitivityReport | None = None,
+    max_drop: float = 1.0,
+    choices: Sequence[str] | None = None,
 ) -> Space:
-    choices = choices_for(hardware)
+    choices = tuple(choices or choices_for(hardware))
+    hot = hot_layers(model, profile, coverage=coverage, max_hot=max_hot, sensitivity=sensitivity)
+    per_layer, removed = prune(hot, choices, sensitivity, max_drop)
+    # the default covers every other layer: prune what breaks the budget on any measured one
+    measured = sorted({r.layer for r in sensitivity.rows}) if sensitivity is not None else []
+    covered = [n for n in measured if n not in hot]
+    default_ok, default_removed = prune(covered, choices, sensitivity, max_drop)
+    default = tuple(c for c in choices if all(c in v for v in default_ok.values()))
+    removed += [("_default", c, f"breaks the budget on {layer}: {why}") for layer, c, why in default_removed
+                if c not in default and not any(r[0] == "_default" and r[1] == c for r in removed)]
     return Space(
-        hot_layers=tuple(hot_layers(model, profile, coverage=coverage, max_hot=max_hot)),
+        hot_layers=tuple(hot),
         layer_choices=choices,
-        default_choices=choices,
+        default_choices=default or (SAFE,),
         backends=tuple(backends),
+        per_layer=tuple((n, per_layer[n]) for n in hot if per_layer[n] != choices),
+        pruned=tuple(_dedupe(removed)),
     )
+
+
+def _dedupe(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for layer, choice, why in rows:
+        if (layer, choice) not in seen:
+            seen.add((layer, choice))
+            out.append((layer, choice, why))
+    return out

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from compiler import Hardware
+from compiler import Hardware, SensitivityReport
 from pgc_daemon.errors import PolicyError, SpecError
 from pgc_daemon.modelspec import as_examples, load_spec
 from pgc_daemon.policy import Policy
@@ -156,3 +156,41 @@ def test_space_turns_params_into_recipes(mlp_spec: dict) -> None:
     assert space.size == len(list(space.grid()))
     fp32 = space.recipe(space.params("fp32", "eager"))
     assert fp32.is_identity
+
+
+def _report(rows: list[tuple[str, str, float | None, str]]) -> SensitivityReport:
+    from compiler import LayerSensitivity, SensitivityReport
+
+    rep = SensitivityReport(metric="top1", inputs=8)
+    for layer, choice, fid, status in rows:
+        rep.rows.append(LayerSensitivity(layer, choice, fid, None, None, None, None, status))
+    return rep
+
+
+def test_sensitivity_picks_the_hot_layers_and_prunes_their_choices(mlp_spec: dict) -> None:
+    from pgc_daemon.search.space import build_space
+
+    hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
+    profile = [{"layer": "net.3", "share": 0.5}, {"layer": "net.1", "share": 0.3}, {"layer": "net.5", "share": 0.2}]
+    rep = _report([
+        ("net.1", "int8-dynamic-pt", 0.95, "ok"),      # breaks a 1% budget alone
+        ("net.1", "int8-dynamic-pc", 0.998, "ok"),
+        ("net.3", "int8-dynamic-pt", 0.999, "ok"),
+        ("net.5", "int8-dynamic-pt", 0.97, "ok"),      # not hot: the default covers it
+        ("net.3", "int8-static-pc", None, "failed: no static path"),
+    ])
+    space = build_space(mlp_spec["model"], profile, hw, max_hot=2, sensitivity=rep, max_drop=0.01)
+    assert space.hot_layers == ("net.1", "net.3")  # the two most sensitive of the time candidates
+    assert "int8-dynamic-pt" not in space.choices_of("net.1")
+    assert "int8-dynamic-pt" in space.choices_of("net.3")
+    assert "int8-static-pc" not in space.choices_of("net.3")
+    assert "int8-dynamic-pt" not in space.default_choices  # it breaks the budget on net.5
+    assert "fp32" in space.choices_of("net.1") and "fp32" in space.default_choices
+    reasons = {(layer, choice): why for layer, choice, why in space.pruned}
+    assert "alone > budget" in reasons[("net.1", "int8-dynamic-pt")]
+    assert "no static path" in reasons[("net.3", "int8-static-pc")]
+    # enqueued points never ask a layer for a pruned choice
+    for params in space.baselines(sensitive=["net.1"]):
+        assert params["layer:net.1"] in space.choices_of("net.1")
+    assert space.params("int8-static-pc", "inductor")["layer:net.3"] == "fp32"
+    assert space.size == len(list(space.grid()))
