@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="passes over the inputs (default 3)")
     p.add_argument("--inputs", type=int, default=16, help="example inputs used at most (default 16)")
     p.add_argument("--top", type=int, default=15, help="layers in the table (default 15)")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--threads", type=int,
+                   help="torch intra-op threads (default: torch's choice; 1 on a busy machine)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
     p.add_argument("--no-counters", action="store_true", help="skip perf counters")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
