@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from profiler._budget import Period, RateController
+from profiler._config import ProfilerConfig
 from profiler._counters import (
     CounterAvailability,
     PerfCounters,
@@ -19,7 +20,7 @@ from profiler._gpu import cuda_status
 from profiler._hooks import LayerTimer, dispatch_cost_ns
 from profiler._host import HostSampler, LeakDetector, LeakWarning
 from profiler._offline import OfflineProfile, group_name, layout_conversions, profile_model
-from profiler._profiler import Profiler, ProfilerConfig
+from profiler._profiler import Profiler
 from profiler._window import LATENCY_BUCKETS_MS, Totals, Window, WindowAggregator
 from profiler.shapes import parse_key, seq_bucket, shape_key
 

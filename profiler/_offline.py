@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiler._config import ProfilerConfig
 from profiler._counters import derived
-from profiler._profiler import Profiler, ProfilerConfig
+from profiler._profiler import Profiler
 from profiler.shapes import shape_key
 
 Example = tuple[tuple[Any, ...], dict[str, Any]]
