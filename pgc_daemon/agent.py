@@ -40,6 +40,11 @@ _REQUEST_COLUMNS = frozenset(c.key for c in st.RequestStat.__table__.columns)
 _LAYER_COLUMNS = frozenset(c.key for c in st.LayerStat.__table__.columns)
 _HOST_COLUMNS = frozenset(c.key for c in st.HostStat.__table__.columns)
 
+#: During a canary, calls go to the candidate and the control in alternating blocks of this
+#: many; per-call alternation would make each call pay for the other's cold caches and
+#: sleeping worker threads, which is not what either costs once it serves alone.
+AB_BLOCK = 8
+
 
 class ServedModel:
     """A callable that serves through the active variant of a model. Create with
@@ -92,7 +97,7 @@ class ServedModel:
         self.last_variant_error: str | None = None
         self._shadow: collections.deque[tuple[Any, Any, Any]] = collections.deque(maxlen=256)
         self._shadow_wanted = 0
-        self._ab = False
+        self._ab_calls = 0
         self._rng = random.Random(0)
         self._closed = False
         from pgc_daemon.swapper import Swapper  # noqa: PLC0415 - mutual reference
@@ -103,9 +108,12 @@ class ServedModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         slot = self._slot
-        if slot.control is not None:  # canary: alternate with the control, side by side
-            self._ab = not self._ab
-            if self._ab:
+        steady = True
+        if slot.control is not None:  # canary: alternate blocks of calls with the control
+            n = self._ab_calls
+            self._ab_calls = n + 1
+            steady = n % AB_BLOCK != 0  # the first call after a switch pays for the switch
+            if (n // AB_BLOCK) % 2:
                 slot = slot.control
         token = self.profiler.begin(slot.module) if slot.hookable else None
         fallback = False
@@ -125,7 +133,7 @@ class ServedModel:
         self.calls += 1
         self.profiler.end(token, slot.variant_id, args, kwargs, elapsed, fallback=fallback)
         try:
-            if not fallback:
+            if steady and token is None and not fallback:  # hooks would bias the comparison
                 self.live[slot.variant_id].append(elapsed / 1e6)
             self.reservoir.offer(args, kwargs)
             if self._shadow_wanted > 0 and not fallback and slot is self._slot:
