@@ -40,6 +40,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch intra-op threads (default: torch's choice; 1 on a busy machine)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
     p.add_argument("--no-counters", action="store_true", help="skip perf counters")
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also measure each hot layer's sensitivity to int8 (output error with only that "
+        "layer changed)",
+    )
+    p.add_argument(
+        "--store",
+        dest="store_url",
+        help="with --sensitivity: save it for the served models this spec builds (same "
+        "fingerprint), where the search reuses it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
 
@@ -47,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _check(args: argparse.Namespace) -> None:
     if args.rounds < 1 or args.inputs < 1 or args.top < 1:
         raise UsageError("--rounds, --inputs and --top must be positive")
+    if args.store_url and not args.sensitivity:
+        raise UsageError("--store goes with --sensitivity")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be positive")
 
@@ -222,6 +236,50 @@ def render(report: dict[str, Any], top: int) -> None:
         console.print(f"  • {s['message']}")
 
 
+def _sensitivity(args: argparse.Namespace, spec: Any, model: Any, examples: list[Any], report: dict[str, Any]) -> dict[str, Any]:
+    """Measure, show and (with --store) save per-layer sensitivity of the hottest layers."""
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    from compiler import fingerprint  # noqa: PLC0415
+    from pgc_daemon.search.prepare import measure_sensitivity  # noqa: PLC0415
+
+    profile = [{"layer": r["layer"], "share": r["latency_ratio"]} for r in report["layers"]]
+    sens = measure_sensitivity(model, examples, profile, metric=spec.metric)
+    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 160)
+    table = Table(
+        title=f"sensitivity: {sens.metric} fidelity with only one layer changed "
+        f"({sens.inputs} inputs, {sens.seconds:.0f} s), most sensitive first",
+        title_justify="left",
+    )
+    for col in ("layer", "choice", "fidelity", "SQNR dB", "layer SQNR dB", "RMS"):
+        table.add_column(col, justify="left" if col in ("layer", "choice") else "right")
+    for r in sens.ranked()[: max(args.top, 10)]:
+        table.add_row(
+            r.layer, r.choice, f"{r.fidelity:.5f}",
+            f"{r.sqnr_db:.1f}" if r.sqnr_db is not None else "-",
+            f"{r.layer_sqnr_db:.1f}" if r.layer_sqnr_db is not None else "-",
+            f"{r.rms:.2e}" if r.rms is not None else "-",
+        )
+    console.print(table)
+    out = sens.to_dict()
+    if args.store_url:
+        import store as st  # noqa: PLC0415
+
+        digest = fingerprint(spec.model)
+        store = st.open_store(args.store_url)
+        with store.session() as s:
+            models = [m for m in st.repo.list_models(s) if m.graph_hash == digest]
+            for m in models:
+                st.repo.save_sensitivity(s, m.id, digest, sens.to_rows())
+        out["saved_for"] = [m.name for m in models]
+        console.print(
+            f"saved for {', '.join(out['saved_for'])}" if models
+            else "no served model in the store has this fingerprint; nothing saved"
+        )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
     import torch  # noqa: PLC0415
@@ -271,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
     )
     report["suggestions"] = suggestions(report, hardware)
     render(report, args.top)
+    if args.sensitivity:
+        report["sensitivity"] = _sensitivity(args, spec, model, examples, report)
     if args.json:
         print(json.dumps(report, default=str), flush=True)
     return 0

@@ -160,3 +160,30 @@ def test_doctor_reports_versions_features_and_what_pgc_uses(capsys: pytest.Captu
 def test_cuda_compatibility(runtime: str | None, driver: str | None, ok: bool | None, says: str) -> None:
     got, why = compatibility(runtime, driver)
     assert got is ok and says in why
+
+
+def test_profile_sensitivity_is_shown_and_saved_for_the_served_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import store as st
+    from compiler import fingerprint
+    from pgc_daemon.examples import digits
+
+    url = f"sqlite:///{tmp_path / 'pgc.db'}"
+    store = st.open_store(url)
+    digest = fingerprint(digits.mlp()["model"])
+    with store.session() as s:
+        st.repo.upsert_model(s, "mlp", spec="pgc_daemon.examples.digits:mlp", graph_hash=digest)
+    code = run(["profile", "pgc_daemon.examples.digits:mlp", "--rounds", "1", "--sensitivity",
+                "--store", url, "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    sens = _last_json(out)["sensitivity"]
+    assert sens["saved_for"] == ["mlp"]
+    measured = [r for r in sens["rows"] if r["status"] == "ok"]
+    assert measured and all(0.0 <= r["fidelity"] <= 1.0 for r in measured)
+    assert {r["choice"] for r in measured} >= {"int8-dynamic-pc", "int8-dynamic-pt"}
+    with store.session() as s:
+        rows = st.repo.load_sensitivity(s, st.repo.get_model(s, "mlp").id, digest)
+    assert {(r.layer, r.choice) for r in rows} == {(r["layer"], r["choice"]) for r in sens["rows"]}
+    assert run(["profile", "pgc_daemon.examples.digits:mlp", "--store", url]) == 2  # --store needs --sensitivity
