@@ -217,18 +217,27 @@ function renderCards(m, front) {
 
 // ------------------------------------------------------------------ front
 
+function recipeLines(recipe) {
+  // A recipe as a person reads it: one line per layer rule (in increasing priority), then
+  // the backend.
+  if (!recipe) return [];
+  const choice = (c) => (c.precision === "int8" ? `int8 ${c.scheme} ${c.granularity.replace("per_", "per-")}` : c.precision);
+  const rules = Object.entries(recipe.quantization || {}).map(([k, c]) => `${k === "_default" ? "every layer" : k}: ${choice(c)}`);
+  const b = recipe.backend || { kind: "eager", mode: "default" };
+  return [...(rules.length ? rules : ["every layer: fp32"]), `backend: ${b.kind}${b.mode !== "default" ? " " + b.mode : ""}`];
+}
+
 function frontTip(p) {
-  const recipe = p.recipe ? JSON.stringify(p.recipe, null, 1) : "";
   const flags = [p.feasible ? "feasible" : "infeasible", p.pareto ? "on the Pareto front" : null, p.deployed ? "deployed" : null]
     .filter(Boolean)
     .join(" · ");
   return (
     `<div class="tip"><b>${esc(p.label || "variant " + p.variant_id)}</b><br>` +
     `${esc(flags)}<br>` +
-    `latency ${esc(fmtMs(p.latency_ms))} ms vs fp32 ${esc(fmtMs(p.baseline_ms))} ms · speedup ${esc(fmtX(p.speedup))}<br>` +
+    `speedup ${esc(fmtX(p.speedup))} · latency ${esc(fmtMs(p.latency_ms))} ms vs fp32 ${esc(fmtMs(p.baseline_ms))} ms<br>` +
     `fidelity ${esc(fmtF(p.fidelity))} · accuracy drop ${esc(fmtPct(p.accuracy_drop))}<br>` +
-    `trial ${esc(p.number)} of search ${esc(p.run_id)}${p.message ? " · " + esc(p.message) : ""}` +
-    `<pre>${esc(recipe)}</pre></div>`
+    `trial ${esc(p.number)} of search ${esc(p.run_id)}` +
+    `<pre>recipe\n${recipeLines(p.recipe).map(esc).join("\n")}</pre></div>`
   );
 }
 
@@ -543,6 +552,11 @@ function renderTimeline(tl) {
       data: tl.busy.map((b) => [{ xAxis: b.start * 1000, name: "pgc busy" }, { xAxis: b.end * 1000 }]),
     },
   });
+  // Calls before the agent registered (a cold start) can be ten times slower than anything
+  // after; they stay in the data but may run off the top of the chart.
+  const registered = tl.series.filter((s) => s.variant_id !== null).flatMap((s) => s.points.map((p) => p[`${q}_ms`]));
+  const targetMs = tl.latency_target_ms !== null ? [tl.latency_target_ms] : [];
+  const yMax = registered.length ? niceCeil(Math.max(...registered, ...targetMs) * 1.05) : undefined;
   const c = chart("timeline-chart");
   const prev = c.getOption && c.getOption();
   const zoom = prev && prev.dataZoom && prev.dataZoom[0] ? { start: prev.dataZoom[0].start, end: prev.dataZoom[0].end } : { start: 0, end: 100 };
@@ -558,7 +572,7 @@ function renderTimeline(tl) {
         valueFormatter: (v) => (v === null || v === undefined ? "–" : `${fmtMs(v)} ms`),
       },
       xAxis: { type: "time", min: tl.since * 1000, max: tl.until * 1000 },
-      yAxis: { type: "value", name: `${q} latency (ms)`, nameTextStyle: { align: "left" }, min: 0 },
+      yAxis: { type: "value", name: `${q} latency (ms)`, nameTextStyle: { align: "left" }, min: 0, max: yMax },
       series,
     },
     { notMerge: true }

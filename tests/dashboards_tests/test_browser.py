@@ -147,7 +147,7 @@ def test_the_charts_draw_what_the_api_says(server: Served, page: Any, real_data:
     tip = page.locator("#front-chart .tip")
     tip.wait_for(state="visible", timeout=5_000)
     text = tip.inner_text()
-    assert deployed["label"] in text and '"quantization"' in text and "deployed" in text
+    assert deployed["label"] in text and "recipe" in text and "backend: " in text and "deployed" in text
 
     page.mouse.move(1, 1)
     shot = page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
