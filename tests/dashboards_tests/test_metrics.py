@@ -216,12 +216,14 @@ def test_grafana_queries_run_in_prometheus_scraping_pgc_serve(server: Served, tm
             assert r["status"] == "success", (expr, r)
             if not r["data"]["result"]:
                 empty.append(expr)
-        # offline real data: the annotation queries (no deployment in the last 2 minutes) and,
-        # once the traffic is over 5 minutes old, the recent-overhead gauge may be empty; every
-        # other panel has data
-        stale = "pgc_profiler_overhead_ratio" not in samples(httpx.get(f"{server.url}/metrics").text)
-        allowed = ("changes(", "pgc_profiler_overhead_ratio") if stale else ("changes(",)
-        assert all(e.startswith(allowed) for e in empty), empty
+        # every query over metrics that have samples returns data; the annotations look for a
+        # deployment in the last 2 minutes (offline data has none), and a gauge with nothing
+        # to report (overhead once the traffic is 5 minutes old, the best speedup of a search
+        # that found nothing faster) has no samples in /metrics either
+        present = set(samples(httpx.get(f"{server.url}/metrics").text))
+        for expr in empty:
+            names = set(re.findall(r"\b(pgc_[a-z0-9_]+)\b", expr))
+            assert expr.startswith("changes(") or not names & present, expr
     finally:
         proc.terminate()
         proc.wait(timeout=30)
