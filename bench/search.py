@@ -43,7 +43,7 @@ from pgc_daemon.search.prepare import (  # noqa: E402
     offline_profile,
     timing_inputs_for,
 )
-from pgc_daemon.search.space import Space, build_space, hot_layers  # noqa: E402
+from pgc_daemon.search.space import Space, build_space  # noqa: E402
 from pgc_daemon.search.study import Search, TrialRecord, prune_threshold  # noqa: E402
 
 TARGET = 1.05  # within 5% of the best feasible latency

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from compiler import Example, Recipe, SensitivityReport, probe, sensitivity
@@ -14,7 +13,7 @@ from pgc_daemon.policy import Policy
 from pgc_daemon.search.evaluate import Evaluator
 from pgc_daemon.search.space import Space, build_space, choices_for, time_candidates
 from pgc_daemon.search.study import Search, TrialRecord
-from profiler import Profiler, ProfilerConfig, shape_key
+from profiler import profile_model, shape_key
 
 ACCURACY_INPUTS = 64
 TIMING_INPUTS = 16
@@ -42,35 +41,10 @@ def timing_inputs_for(
 
 
 def offline_profile(model: nn.Module, inputs: Sequence[Example], rounds: int = 3) -> list[dict[str, Any]]:
-    """Per-layer shares from profiling every call on ``inputs`` (what live sampling gives a
-    served model), through the same profiler code."""
-    prof = Profiler(
-        ProfilerConfig(sample_every=1, budget=None, window_s=3600, host_interval_s=None)
-    )
-    prof.watch(model)
-    import time
-
-    with torch.inference_mode():
-        for ex in inputs[:4]:  # warm caches before timing
-            model(*ex[0], **ex[1])
-        for _ in range(rounds):
-            for args, kwargs in inputs[:16]:
-                token = prof.begin(model)
-                t0 = time.perf_counter_ns()
-                model(*args, **kwargs)
-                prof.end(token, None, args, kwargs, time.perf_counter_ns() - t0)
-    window = prof.close_window(wait=True)
-    totals: dict[str, dict[str, Any]] = {}
-    for row in window.layers:
-        acc = totals.setdefault(row["layer"], {"layer": row["layer"], "op_type": row["op_type"], "total": 0.0, "count": 0})
-        acc["total"] += row["mean_ms"] * row["count"]
-        acc["count"] += row["count"]
-    grand = sum(r["total"] for r in totals.values()) or 1.0
-    rows = [
-        {**r, "mean_ms": r["total"] / max(r["count"], 1), "share": r["total"] / grand}
-        for r in totals.values()
-    ]
-    return sorted(rows, key=lambda r: r["share"], reverse=True)
+    """Per-layer shares from profiling every call on (up to 16 of) ``inputs``: what live
+    sampling gives a served model, through the same profiler code, hottest first."""
+    report = profile_model(model, list(inputs[:16]), rounds=rounds, counters=False)
+    return [{**r, "share": r["latency_ratio"]} for r in report.layers]
 
 
 def measure_sensitivity(

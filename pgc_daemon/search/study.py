@@ -12,7 +12,6 @@ import gc
 import hashlib
 import json
 import logging
-import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
