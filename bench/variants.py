@@ -84,7 +84,7 @@ def minilm(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, An
     static = {"_default": "int8-static-pc"}
     families: list[tuple[str, Recipe]] = [
         ("fp32 inductor", Recipe(backend=Backend("inductor"))),
-        ("int8 dynamic (torchao)", Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}),
+        ("int8 dynamic", Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}),
                                           backend=Backend("inductor"))),
         ("int8 static (pt2e)", Recipe(quantization=Quantization.of(static), backend=Backend("inductor"))),
         (f"int8 static, {len(keep)} most sensitive fp32",
@@ -111,7 +111,9 @@ def minilm(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, An
         row = {"model": "minilm", "batch": 1, "family": name, "recipe": recipe.label(),
                "speedup": tm["speedup"], "ci": tm["ci"], "ms": tm["ms"], "fp32_ms": tm["base_ms"],
                "fidelity": cos, "metric": "cosine", "build_s": build_s,
-               "kernels": variant.report.kernel_paths.get("<compiled>", "")}
+               "kernels": variant.report.kernel_paths.get("<compiled>", ""),
+               "paths": sorted({p.split("; ")[-1] for k, p in variant.report.kernel_paths.items()
+                                if not k.startswith("<")})}
         rows.append(row)
         progress(f"  {tm['speedup']:.2f}x ({tm['ms']:.2f} ms vs {tm['base_ms']:.2f} ms)")
         built[name] = (recipe, variant, row)
