@@ -88,6 +88,7 @@ def make_search(
     warm_start: Sequence[Recipe] = (),
     space: Space | None = None,
     sensitivity: SensitivityReport | None = None,
+    reference_ms: float | None = None,
     seed: int = 0,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
@@ -120,6 +121,7 @@ def make_search(
         on_trial=on_trial,
         should_stop=should_stop,
         seed=seed,
+        reference_ms=reference_ms,
     )
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
     sensitive = _most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop)

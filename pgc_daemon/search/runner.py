@@ -24,6 +24,7 @@ from pgc_daemon.reservoir import InputReservoir
 from pgc_daemon.search.prepare import make_search, measure_sensitivity
 from pgc_daemon.search.study import SearchResult, TrialRecord
 from pgc_daemon.settings import Settings
+from pgc_daemon.status import busy_intervals
 
 log = logging.getLogger("pgc.search")
 
@@ -64,9 +65,17 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             s, model.id, variant_id=baseline.id if baseline else None, since=since
         )
         histogram = st.repo.shape_histogram(s, model.id, since=since)
+        live = (
+            st.repo.request_summary(
+                s, model.id, variant_id=baseline.id, since=since, exclude=busy_intervals(s, model.id)
+            )
+            if baseline is not None
+            else None
+        )
         warm = warm_start_recipes(s, model.id, run.study_name)
         st.repo.update_search_run(s, run_id, state="running", message="loading the model")
     policy = Policy.parse(policy_row.settings if policy_row else {})
+    reference_ms = live[f"{policy.latency_percentile}_ms"] if live else None
     if not model.spec:
         raise SearchError(f"model {model.name!r} was attached without a spec; nothing to rebuild")
     spec = load_spec(model.spec)
@@ -121,6 +130,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         should_stop=should_stop,
         warm_start=warm,
         sensitivity=report,
+        reference_ms=reference_ms,
     )
     resumed = len(search.finished())
     with store.session() as s:

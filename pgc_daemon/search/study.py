@@ -156,8 +156,14 @@ class Search:
         max_timing_s: float = 20.0,
         sampler: optuna.samplers.BaseSampler | None = None,
         evaluate: Callable[[int, dict[str, Any], Recipe], TrialRecord] | None = None,
+        reference_ms: float | None = None,
     ) -> None:
-        """``sampler`` and ``evaluate`` replace TPE and the real build-and-measure step (the
+        """``reference_ms``: the base module's live latency at the policy's percentile. Then
+        a candidate's latency is predicted as its measured ratio times that (what the latency
+        target, a live SLO, is about); the worker's absolute milliseconds depend on what else
+        the machine runs. Without it (offline), the measured milliseconds are used.
+
+        ``sampler`` and ``evaluate`` replace TPE and the real build-and-measure step (the
         search benchmark replays strategies over a table of real measurements with them)."""
         self.base = base
         self.space = space
@@ -171,6 +177,7 @@ class Search:
         self.on_trial = on_trial
         self.should_stop = should_stop or (lambda: False)
         self.max_timing_s = max_timing_s
+        self.reference_ms = reference_ms
         self.seed = seed
 
     # ------------------------------------------------------------------ running
@@ -282,8 +289,12 @@ class Search:
             pct = policy.latency_percentile
             rec.ratio = timing.ratio
             rec.speedup = timing.speedup
-            rec.baseline_ms = timing.baseline_ms[pct]
-            rec.latency_ms = timing.candidate_ms[pct]
+            if self.reference_ms:
+                rec.baseline_ms = self.reference_ms
+                rec.latency_ms = timing.ratio * self.reference_ms
+            else:
+                rec.baseline_ms = timing.baseline_ms[pct]
+                rec.latency_ms = timing.candidate_ms[pct]
             rec.timing = timing.to_dict()
             rec.state = "complete"
             rec.feasible = all(v <= 0.0 for v in self._constraints(rec).values())
@@ -312,7 +323,7 @@ class Search:
         a variant slower than the unmodified model is never chosen over it."""
         complete = [r for r in records if r.state == "complete"]
         baselines = [r.baseline_ms for r in complete if r.baseline_ms]
-        baseline_ms = sorted(baselines)[len(baselines) // 2] if baselines else None
+        baseline_ms = self.reference_ms or (sorted(baselines)[len(baselines) // 2] if baselines else None)
         base = self._baseline_record(baseline_ms)
         front = pareto_front(complete + [base])
         chosen = pick(complete + [base], self.policy)
