@@ -57,7 +57,7 @@ def main() -> int:
         b = torch.randn(n, device=dev, dtype=torch.float16)
         q, s = quantize_weight(w)
         w16 = w.half()
-        deq = lambda: F.linear(x, (q.half() * s[:, None].half()), b)  # noqa: E731
+        deq = lambda: F.linear(x, (q.half() * s[:, None].half()), b)
         ref = F.gelu(x.float() @ (q.float() * s[:, None]).T + b.float())
         got = int8_weight_only_linear(x, q, s, b, "gelu")
         err = float((got.float() - ref).abs().max() / ref.abs().max())

@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
+import torch
 
-from compiler import (  # noqa: E402
+from compiler import (
     Backend,
     Quantization,
     Recipe,
@@ -38,7 +38,7 @@ from compiler import (  # noqa: E402
     sensitivity,
     warm,
 )
-from pgc_daemon.search.measure import interleaved  # noqa: E402
+from pgc_daemon.search.measure import interleaved
 
 STARTED = time.monotonic()
 
@@ -213,7 +213,7 @@ def cnn(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"| model | batch | recipe family | speedup vs fp32 eager (95% CI) | latency ms (fp32) | fidelity |"
+    head = "| model | batch | recipe family | speedup vs fp32 eager (95% CI) | latency ms (fp32) | fidelity |"
     lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
         fid = f"cos {r['fidelity']:.4f}" if r["metric"] == "cosine" else f"acc {r['fidelity']:.4f}"

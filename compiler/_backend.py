@@ -22,7 +22,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import torch
@@ -71,8 +71,8 @@ class FreezingCompiled(nn.Module):
             return self.compiled(*args, **kwargs)
 
 
-def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, object]:
-    options: dict[str, object] = {"freezing": freezing}
+def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, Any]:
+    options: dict[str, Any] = {"freezing": freezing}
     if part.mode == "max-autotune":
         from torch._inductor import list_mode_options
 
@@ -114,11 +114,16 @@ def summarize_kernels(codes: list[str]) -> str:
             if name.startswith(("inductor.", "aten.empty", "extern.reinterpret")):
                 continue
             calls[_NAMES.get(name, name)] += 1
-        generated += len(re.findall(r"^cpp_fused_\w+ = |^triton_\w+ = ", code, re.M))
+        generated += len(re.findall(r"^cpp_fused_\w+ = |^triton_\w+ = ", code, re.MULTILINE))
     parts = [f"{k} x{v}" for k, v in calls.most_common()]
     if generated:
         parts.append(f"{generated} generated fused kernels")
     return ", ".join(parts) or "no kernels found in the generated code"
+
+
+def inductor(module: nn.Module, options: dict[str, Any]) -> nn.Module:
+    """``torch.compile`` with Inductor, static shapes."""
+    return cast(nn.Module, torch.compile(module, dynamic=False, options=options))
 
 
 def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -146,9 +151,9 @@ def _compile_memory(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Mo
     blocks = _blocks(model)
     if not blocks:
         ctx.report.notes.append("memory partition: no repeated blocks; compiled whole, unfrozen")
-        return torch.compile(model, dynamic=False, options=compile_options(part, freezing=False))  # type: ignore[return-value]
+        return inductor(model, compile_options(part, freezing=False))
     for parent, name, block in blocks:
-        compiled = torch.compile(block, dynamic=False, options=compile_options(part, freezing=False))
+        compiled = inductor(block, compile_options(part, freezing=False))
         if isinstance(parent, nn.ModuleList | nn.Sequential) and name.isdigit():
             parent[int(name)] = compiled
         else:
@@ -194,9 +199,9 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
         options = compile_options(part)
         if pt2e:
             options.pop("freezing")  # set globally around each call instead (see module doc)
-            compiled = FreezingCompiled(torch.compile(model, dynamic=False, options=options))
+            compiled = FreezingCompiled(inductor(model, options))
         else:
-            compiled = torch.compile(model, dynamic=False, options=options)  # type: ignore[assignment]
+            compiled = inductor(model, options)
         ctx.report.notes.append(
             f"torch.compile inductor ({part.mode}, freezing{', global flag per call' if pt2e else ''}, "
             "static shapes)"

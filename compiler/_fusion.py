@@ -17,7 +17,7 @@ are timed on the real input shape and the faster is kept (``compiler._measure``)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -186,9 +186,10 @@ def _choose_kernel(mod: nn.Module, x: torch.Tensor | None, what: str) -> tuple[s
         return "aten", "ATen op + activation (no example input of fp32 on CPU to time on)"
     if not torch.backends.mkldnn.is_available():
         return "aten", "ATen op + activation (no oneDNN in this torch build)"
-    shape = f"{what} x{tuple(x.shape)} w{tuple(mod.weight.shape)} {getattr(mod, 'stride', '')}"
+    weight = cast(torch.Tensor, mod.weight)
+    shape = f"{what} x{tuple(x.shape)} w{tuple(weight.shape)} {getattr(mod, 'stride', '')}"
     mod.kernel = "onednn"  # type: ignore[assignment]
-    fused = lambda: mod(x)  # noqa: E731
+    fused = lambda: mod(x)
     kernel_fused = "onednn"
     try:
         fused()

@@ -30,7 +30,7 @@ def apply_layout(model: nn.Module, part: Layout, ctx: BuildContext) -> nn.Module
     if not convs:
         ctx.report.notes.append("layout channels_last: no 2-D convolutions, nothing to change")
         return model
-    model.to(memory_format=torch.channels_last)
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     model.register_forward_pre_hook(_to_channels_last, with_kwargs=True)
     device = next(model.parameters()).device.type
     library = "cuDNN" if device == "cuda" else "oneDNN" if torch.backends.mkldnn.is_available() else "ATen"

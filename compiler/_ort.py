@@ -57,7 +57,8 @@ def export_onnx(module: nn.Module, example: Example) -> tuple[bytes, list[str], 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module, tuple(tensors), buf, dynamo=False, input_names=names, output_names=outputs,
+            module, tuple(tensors), buf,  # type: ignore[arg-type]
+            dynamo=False, input_names=names, output_names=outputs,
             dynamic_axes=axes, opset_version=17, do_constant_folding=True,
         )
     return buf.getvalue(), names, spec

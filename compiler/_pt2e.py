@@ -240,7 +240,7 @@ def _module_of(node: torch.fx.Node) -> str | None:
     if not stack:
         return None
     path = list(stack.values())[-1][0]
-    return path[len("L['self'].") :] if path.startswith("L['self'].") else path
+    return path.removeprefix("L['self'].")
 
 
 def layer_status(gm: torch.fx.GraphModule) -> dict[str, str]:
@@ -348,8 +348,8 @@ def quantize_pt2e(
         )
     for region, (gm, region_inputs) in sorted(regions.items(), key=lambda kv: -len(kv[0])):
         prefix = f"{region}." if region else ""
-        inside = lambda n: not region or n == region or n.startswith(prefix)  # noqa: E731
-        rel = lambda n: "" if n == region else n[len(prefix) :]  # noqa: E731
+        inside = lambda n: not region or n == region or n.startswith(prefix)
+        rel = lambda n: "" if n == region else n[len(prefix) :]
         mine = {rel(n): c for n, c in plan.items() if inside(n)}
         floats = {rel(n) for n in keep_float if inside(n)}
         # the region's own functional ops follow the default only when the whole region is

@@ -176,7 +176,7 @@ def dynamic_path(
     if not seen:
         return "torchao", "torchao path (the layer did not run on the example)"
     from compiler import _measure
-    from compiler._backend import FreezingCompiled, compile_options
+    from compiler._backend import FreezingCompiled, compile_options, inductor
     from compiler._pt2e import export, quantize_region, quiet
     from compiler.recipe import Backend
 
@@ -190,13 +190,13 @@ def dynamic_path(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             q.quantize_(micro, _int8_config(choice))
-        return torch.compile(micro, dynamic=False, options=compile_options(Backend("inductor")))  # type: ignore[return-value]
+        return inductor(micro, compile_options(Backend("inductor")))
 
     def pt2e_path() -> nn.Module:
         micro = nn.Sequential(copy.deepcopy(layer)).eval()
         with torch.no_grad():
             gm = quantize_region(export(micro, ((x,), {})), {"": choice}, set(), None, [((x,), {})])
-        return FreezingCompiled(torch.compile(gm, dynamic=False))
+        return FreezingCompiled(inductor(gm, {}))
 
     built: dict[str, nn.Module] = {}
 

@@ -34,8 +34,8 @@ _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
 _CHOSEN: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
 
 
-@triton.jit
-def _int8_weight_only_linear(
+@triton.jit  # type: ignore[misc]
+def _int8_weight_only_linear(  # type: ignore[no-untyped-def]
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,

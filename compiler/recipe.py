@@ -233,7 +233,7 @@ class Recipe:
     @property
     def is_identity(self) -> bool:
         return self.quantization.is_identity and all(
-            getattr(self, f.name) == f.default_factory()  # type: ignore[misc]
+            getattr(self, f.name) == f.default_factory()  # type: ignore[misc, operator]
             for f in dataclasses.fields(self)
             if f.name != "quantization"
         )
@@ -242,7 +242,7 @@ class Recipe:
         out: dict[str, Any] = {"version": self.VERSION}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in self.ALWAYS_WRITTEN or value != f.default_factory():  # type: ignore[misc]
+            if f.name in self.ALWAYS_WRITTEN or value != f.default_factory():  # type: ignore[misc, operator]
                 out[f.name] = value.to_dict()
         return out
 

@@ -152,7 +152,7 @@ def _layer_sqnr(layer: nn.Module, io: list[tuple[Any, Any]], choice: LayerQuant)
     if not io:
         return None
     wrapper = nn.Sequential(copy.deepcopy(layer)).eval()
-    examples = [(args, {}) for args, _ in io]
+    examples: list[Example] = [(args, {}) for args, _ in io]
     recipe = Recipe(quantization=Quantization.of({"0": choice}))
     variant = build(wrapper, recipe, calibration=examples if choice.scheme == "static" else ())
     if "0" not in variant.report.applied:
@@ -210,8 +210,8 @@ def sensitivity(
                     with _pt2e.quiet():
                         gm = copy.deepcopy(exported)
                     with torch.no_grad():
-                        variant = _pt2e.quantize_region(gm, {name: choice}, set(), None, calib)
-                    if _pt2e.layer_status(variant).get(name) != "static":
+                        variant: nn.Module = _pt2e.quantize_region(gm, {name: choice}, set(), None, calib)
+                    if _pt2e.layer_status(variant).get(name) != "static":  # type: ignore[arg-type]
                         raise RuntimeError("the x86 quantizer did not quantize it")
                 else:
                     built = build(model, Recipe(quantization=Quantization.of({name: choice})))

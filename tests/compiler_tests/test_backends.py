@@ -7,7 +7,17 @@ from typing import Any
 import pytest
 import torch
 
-from compiler import Backend, Partition, Quantization, Recipe, ShapeBuckets, build, compare, fidelity, warm
+from compiler import (
+    Backend,
+    Partition,
+    Quantization,
+    Recipe,
+    ShapeBuckets,
+    build,
+    compare,
+    fidelity,
+    warm,
+)
 from compiler._ort import onnx_module_name
 from tests.compiler_tests.conftest import examples, outputs, token_batch
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from compiler import Backend, Quantization, Recipe, build, probe
-from compiler import _measure
+from compiler import Backend, Quantization, Recipe, _measure, build, probe
 from tests.compiler_tests.conftest import examples
 
 

@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from compiler import LayerQuant, Quantization, Recipe, SensitivityReport, build, fidelity, fingerprint, sensitivity
+from compiler import (
+    LayerQuant,
+    Quantization,
+    Recipe,
+    SensitivityReport,
+    build,
+    fidelity,
+    fingerprint,
+    sensitivity,
+)
 from tests.compiler_tests.conftest import examples, outputs
 
 LAYERS = [
