@@ -47,6 +47,9 @@ MAX_PENDING = 4096
 MAX_QUEUED_CALLS = 262_144
 #: Events held for the next window at most (rate changes, leak warnings).
 MAX_EVENTS = 64
+#: A change of the sampling rate becomes an event at most this often (the rate itself moves
+#: with load far more often; the events are for a person to read).
+RATE_EVENT_EVERY_S = 600.0
 #: The controller looks at the costs once this many calls were sampled since it last did,
 #: or after ``window_s`` in any case, but never before this much serving time went by: a
 #: ratio over a few milliseconds of serving is noise (first calls, cold caches).
@@ -118,6 +121,7 @@ class Profiler:
         self._sampled_costs: collections.deque[int] = collections.deque(maxlen=4096)
         self._last_adapt = time.monotonic()
         self._reported_every = cfg.sample_every
+        self._reported_at = -RATE_EVENT_EVERY_S
         self._duty_epoch = time.monotonic()
         self._counters: Any = None
         self._counters_reason: str | None = "off (counters=False)" if not cfg.counters else None
@@ -523,7 +527,9 @@ class Profiler:
         new = self.controller.update(period)
         self._every = new
         budget = self.config.budget
-        if budget is not None and (new >= 4 * self._reported_every or 4 * new <= self._reported_every):
+        big = new >= 4 * self._reported_every or 4 * new <= self._reported_every
+        quiet = time.monotonic() - self._reported_at < RATE_EVENT_EVERY_S
+        if budget is not None and big and not quiet:
             direction = "lowered" if new > self._reported_every else "raised"
             self._event(
                 "profiler",
@@ -533,6 +539,7 @@ class Profiler:
                 {"sample_every": new, "overhead": period.overhead, "budget": budget},
             )
             self._reported_every = new
+            self._reported_at = time.monotonic()
         return new
 
     def close_window(self, *, wait: bool = True, flush_layers: bool = True) -> Window:
