@@ -40,6 +40,26 @@ _REQUEST_COLUMNS = frozenset(c.key for c in st.RequestStat.__table__.columns)
 _LAYER_COLUMNS = frozenset(c.key for c in st.LayerStat.__table__.columns)
 _HOST_COLUMNS = frozenset(c.key for c in st.HostStat.__table__.columns)
 
+#: torch.fx tracing (export, quantization, some compiler passes; pgc builds variants in this
+#: process) patches ``nn.Module.__call__`` for the whole process while it traces, and a call
+#: another thread makes at that moment can fail inside the tracer's bookkeeping. Such a call
+#: is served again once the tracer is done, waiting at most this long.
+TRACING_WAIT_S = 5.0
+_ORIGINAL_MODULE_CALL = getattr(
+    torch.fx._symbolic_trace, "_orig_module_call", torch.nn.Module.__call__
+)
+
+
+def _tracing_now() -> bool:
+    return torch.nn.Module.__call__ is not _ORIGINAL_MODULE_CALL
+
+
+def _traced_while_serving(exc: BaseException) -> bool:
+    """Whether a failure of the user's module came from torch.fx tracing in another thread
+    rather than from the module or its input."""
+    return _tracing_now() or "not installed as a submodule" in str(exc)
+
+
 #: During a canary, calls go to the candidate and the control in alternating blocks of this
 #: many; per-call alternation would make each call pay for the other's cold caches and
 #: sleeping worker threads, which is not what either costs once it serves alone.
@@ -93,6 +113,7 @@ class ServedModel:
         )
         self.calls = 0
         self.fallbacks = 0
+        self.retries = 0
         self.variant_failure = threading.Event()
         self.last_variant_error: str | None = None
         self._shadow: collections.deque[tuple[Any, Any, Any]] = collections.deque(maxlen=256)
@@ -125,10 +146,15 @@ class ServedModel:
             if token is not None:
                 self.profiler.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
                 token = None
-            if slot.module is self.base:
-                raise  # the user's own module failed: not ours to hide
-            out = self._fallback(slot, exc, args, kwargs)
-            fallback = True
+            try:
+                if not _traced_while_serving(exc):
+                    raise
+                out = self._after_tracing(slot.module, args, kwargs)
+            except Exception as again:
+                if slot.module is self.base:
+                    raise  # the user's own module failed: not ours to hide
+                out = self._fallback(slot, again, args, kwargs)
+                fallback = True
         elapsed = _perf_ns() - t0
         self.calls += 1
         self.profiler.end(token, slot.variant_id, args, kwargs, elapsed, fallback=fallback)
@@ -142,13 +168,27 @@ class ServedModel:
             log.debug("agent bookkeeping failed", exc_info=True)
         return out
 
+    def _after_tracing(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        """Serve a call again once torch.fx tracing elsewhere in the process is over."""
+        self.retries += 1
+        deadline = time.monotonic() + TRACING_WAIT_S
+        while _tracing_now() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with torch.inference_mode():
+            return module(*args, **kwargs)
+
     def _fallback(self, slot: Slot, exc: Exception, args: Any, kwargs: Any) -> Any:
         self.fallbacks += 1
         self.last_variant_error = f"{slot.label}: {type(exc).__name__}: {exc}"
         self.variant_failure.set()
         log.warning("variant %s failed a request (%s); served by the base module", slot.label, exc)
-        with torch.inference_mode():
-            return self.base(*args, **kwargs)
+        try:
+            with torch.inference_mode():
+                return self.base(*args, **kwargs)
+        except Exception as again:
+            if not _traced_while_serving(again):
+                raise
+        return self._after_tracing(self.base, args, kwargs)
 
     def _capture_shadow(self, slot: Slot, args: Any, kwargs: Any, out: Any) -> None:
         if self._rng.random() < 0.25:
@@ -374,6 +414,7 @@ class ServedModel:
             "variant_id": slot.variant_id,
             "calls": self.calls,
             "fallbacks": self.fallbacks,
+            "retries": self.retries,
             "reservoir": len(self.reservoir),
             "dropped_windows": self.profiler.dropped,
             "profiler": self.profiler.status(),

@@ -16,6 +16,10 @@ class Conflict(PgcError):
     """The action conflicts with work in progress or with the current state (HTTP 409)."""
 
 
+class InvalidRequest(PgcError, ValueError):
+    """The action asks for something that cannot be (HTTP 422, exit code 2)."""
+
+
 def busy_deployment(s: Any, model_id: int) -> st.Deployment | None:
     for d in st.repo.list_deployments(s, model_id, limit=20):
         if d.state == "candidate" or d.state in st.repo.IN_FLIGHT:
@@ -42,7 +46,7 @@ def request_deploy(
 ) -> st.Deployment:
     """Deploy a stored variant or a recipe (validated: ``RecipeError`` on a bad one)."""
     if (variant_id is None) == (recipe is None):
-        raise ValueError("give exactly one of a variant id and a recipe")
+        raise InvalidRequest("give exactly one of a variant id and a recipe")
     model = st.repo.get_model(s, model_name)
     if recipe is not None:
         parsed = Recipe.from_dict(recipe)

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
             return f"sqlite:///{path.with_name(path.stem + '.optuna.db')}"
         return self.store_url
 
+    def compile_cache_path(self) -> Path:
+        """Built variants and Inductor's kernels, shared by search workers and agents on one
+        machine (``compiler.CompileCache``): the agent rebuilding what a worker measured reuses
+        its work."""
+        return self.work_path() / "compile-cache"
+
     def work_path(self) -> Path:
         path = Path(self.work_dir)
         path.mkdir(parents=True, exist_ok=True)

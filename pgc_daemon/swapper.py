@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import store as st
-from compiler import BuiltVariant, Recipe, build, fidelity, warm
+from compiler import BuiltVariant, CompileCache, Recipe, build, fidelity, warm
 from pgc_daemon.errors import describe
 from pgc_daemon.slot import Slot
 from profiler import shape_key
@@ -51,6 +51,7 @@ class Swapper:
         self._thread = threading.Thread(target=self._loop, name=f"pgc-swapper-{served.name}", daemon=True)
         self._built: collections.OrderedDict[int, Slot] = collections.OrderedDict()
         self._refs: tuple[int, list[Any], list[Any]] | None = None
+        self._cache: CompileCache | None = None
         self.busy = threading.Event()
         self.deployments_done = 0
 
@@ -284,11 +285,14 @@ class Swapper:
     def _build(self, recipe_data: dict[str, Any]) -> BuiltVariant:
         recipe = Recipe.from_dict(recipe_data)
         samples = self.served.reservoir.snapshot()
+        if self._cache is None:
+            self._cache = CompileCache(self.served.settings.compile_cache_path())
         return build(
             self.served.base,
             recipe,
             calibration=samples[:CALIBRATION_INPUTS],
             example=samples[0] if samples else None,
+            cache=self._cache,
         )
 
     def _warm_examples(self) -> list[Any]:

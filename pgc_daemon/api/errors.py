@@ -15,6 +15,7 @@ import store as st
 from compiler import CompilerError
 from pgc_daemon.api.schemas import ErrorBody, ValidationErrorBody
 from pgc_daemon.errors import PgcError, SearchError
+from pgc_daemon.operations import Conflict
 
 Responses = dict[int | str, dict[str, Any]]
 
@@ -92,6 +93,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(CompilerError)
     async def _compiler(_req: Request, exc: CompilerError) -> JSONResponse:
         return _json(422, str(exc))
+
+    @app.exception_handler(Conflict)
+    async def _operation_conflict(_req: Request, exc: Conflict) -> JSONResponse:
+        return _json(status.HTTP_409_CONFLICT, str(exc))
 
     @app.exception_handler(PgcError)
     async def _pgc(_req: Request, exc: PgcError) -> JSONResponse:

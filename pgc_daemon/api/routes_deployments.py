@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, status
 
 import store as st
-from compiler import Recipe
 from pgc_daemon.api.deps import StoreDep, TokenDep
 from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
 from pgc_daemon.api.schemas import DeploymentPublic, DeployRequest, RollbackRequest
-from pgc_daemon.status import baseline_variant
+from pgc_daemon.operations import request_deploy, request_rollback
 
 router = APIRouter(prefix="/api/models", tags=["deployments"], responses=RESPONSES_503)
 
@@ -56,21 +55,9 @@ def list_deployments(name: str, store: StoreDep) -> list[dict[str, Any]]:
         return [deployment_public(d, variants) for d in st.repo.list_deployments(s, model.id)]
 
 
-def _busy(s: Any, model_id: int) -> st.Deployment | None:
-    for d in st.repo.list_deployments(s, model_id, limit=20):
-        if d.state == "candidate" or d.state in st.repo.IN_FLIGHT:
-            return d
-    return None
-
-
-def _create(s: Any, model: st.Model, variant_id: int, source: str, reason: str) -> dict[str, Any]:
-    st.repo.lock_model(s, model.id)
-    busy = _busy(s, model.id)
-    if busy is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"deployment {busy.id} is still {busy.state}")
-    dep = st.repo.create_deployment(s, model.id, variant_id, source=source, reason=reason)
-    variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
-    return deployment_public(st.repo.get_deployment(s, dep.id), variants)
+def _public(s: Any, dep: st.Deployment) -> dict[str, Any]:
+    variants = {v.id: v for v in st.repo.list_variants(s, dep.model_id)}
+    return deployment_public(dep, variants)
 
 
 @router.post(
@@ -82,18 +69,12 @@ def _create(s: Any, model: st.Model, variant_id: int, source: str, reason: str) 
     summary="Deploy a variant (by id or recipe); the agent builds, verifies and canaries it",
 )
 def deploy(name: str, body: DeployRequest, store: StoreDep) -> dict[str, Any]:
+    recipe = body.recipe.model_dump(exclude_none=True) if body.recipe is not None else None
     with store.session() as s:
-        model = model_or_404(s, name)
-        if body.recipe is not None:
-            recipe = Recipe.from_dict(body.recipe.model_dump())  # RecipeError -> 422
-            variant = st.repo.get_or_create_variant(
-                s, model.id, recipe.hash, recipe.to_dict(), recipe.label()
-            )
-        else:
-            variant = st.repo.get_variant(s, body.variant_id)  # type: ignore[arg-type]
-            if variant.model_id != model.id:
-                raise st.NotFound(f"no variant {body.variant_id} for model {name!r}")
-        return _create(s, model, variant.id, "manual", body.reason)
+        model_or_404(s, name)
+        # RecipeError -> 422, NotFound -> 404, Conflict -> 409 (errors.py)
+        dep = request_deploy(s, name, variant_id=body.variant_id, recipe=recipe, reason=body.reason)
+        return _public(s, dep)
 
 
 @router.post(
@@ -107,10 +88,5 @@ def deploy(name: str, body: DeployRequest, store: StoreDep) -> dict[str, Any]:
 def rollback(name: str, store: StoreDep, body: RollbackRequest | None = None) -> dict[str, Any]:
     reason = body.reason if body else RollbackRequest().reason
     with store.session() as s:
-        model = model_or_404(s, name)
-        active = st.repo.active_deployment(s, model.id)
-        base = baseline_variant(s, model.id)
-        if active is None or base is None or active.variant_id == base.id:
-            raise HTTPException(status.HTTP_409_CONFLICT, "the fp32 base already serves; nothing to roll back")
-        target = active.previous_variant_id or base.id
-        return _create(s, model, target, "rollback", reason)
+        model_or_404(s, name)
+        return _public(s, request_rollback(s, name, reason=reason))

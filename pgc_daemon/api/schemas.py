@@ -153,16 +153,61 @@ class InductorBackend(BaseModel):
     mode: Literal["default", "max-autotune"] = "default"
 
 
+class OnnxRuntimeBackend(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: Literal["onnxruntime"]
+    mode: Literal["default"] = "default"
+
+
+class FusionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    conv_bn: bool = False
+    conv_bn_relu: bool = Field(False, description="needs conv_bn")
+    linear_act: bool = False
+
+
+class LayoutBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    memory_format: Literal["contiguous", "channels_last"] = "contiguous"
+
+
+class KernelsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    linear: Literal["default", "triton"] = "default"
+
+
+class BucketsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    sizes: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=list, max_length=16, description="strictly increasing"
+    )
+    dim: int = Field(1, ge=0, le=16)
+    pad_value: int = Field(0, ge=-(2**31), le=2**31 - 1)
+
+
+class PartitionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    strategy: Literal["latency", "memory"] = "latency"
+
+
 class RecipeBody(BaseModel):
     """A recipe as ``compiler.Recipe.to_dict`` writes it: per-layer choices by key (in
-    increasing priority: ``_default``, ``re:`` patterns in order, exact names) and a backend."""
+    increasing priority: ``_default``, ``re:`` patterns in order, exact names), a backend, and
+    the optional graph parts (fusion, layout, kernels, shape buckets, partition)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     version: Literal[1] = 1
     quantization: dict[LayerKey, LayerChoice] = Field(
         default_factory=dict, max_length=200, json_schema_extra=_keys_by_pattern
     )
-    backend: EagerBackend | InductorBackend = Field(default_factory=EagerBackend)
+    backend: EagerBackend | InductorBackend | OnnxRuntimeBackend = Field(
+        default_factory=EagerBackend
+    )
+    fusion: FusionBody | None = None
+    layout: LayoutBody | None = None
+    kernels: KernelsBody | None = None
+    buckets: BucketsBody | None = None
+    partition: PartitionBody | None = None
 
 
 # --------------------------------------------------------------------------- models

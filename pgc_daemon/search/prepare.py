@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from compiler import Example, Recipe, SensitivityReport, probe, sensitivity
+from compiler import CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity
 from pgc_daemon.policy import Policy
 from pgc_daemon.search.evaluate import Evaluator
 from pgc_daemon.search.space import Space, build_space, choices_for, time_candidates
@@ -89,6 +89,7 @@ def make_search(
     space: Space | None = None,
     sensitivity: SensitivityReport | None = None,
     reference_ms: float | None = None,
+    cache: CompileCache | None = None,
     seed: int = 0,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
@@ -108,6 +109,7 @@ def make_search(
         max_hot=MAX_HOT,
         sensitivity=sensitivity,
         max_drop=policy.max_accuracy_drop,
+        shapes=histogram,
     )
     search = Search(
         base=base,
@@ -122,6 +124,7 @@ def make_search(
         should_stop=should_stop,
         seed=seed,
         reference_ms=reference_ms,
+        cache=cache,
     )
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
     sensitive = _most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop)

@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 import store as st
-from compiler import LayerSensitivity, Recipe, RecipeError, SensitivityReport, fingerprint
+from compiler import (
+    CompileCache,
+    LayerSensitivity,
+    Recipe,
+    RecipeError,
+    SensitivityReport,
+    fingerprint,
+)
 from pgc_daemon.errors import SearchError
 from pgc_daemon.modelspec import load_spec
 from pgc_daemon.policy import Policy
@@ -131,6 +138,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         warm_start=warm,
         sensitivity=report,
         reference_ms=reference_ms,
+        cache=CompileCache(settings.compile_cache_path()),
     )
     resumed = len(search.finished())
     with store.session() as s:

@@ -20,8 +20,19 @@ from typing import Any
 
 from torch import nn
 
-from compiler import Backend, Hardware, LayerQuant, Quantization, Recipe, SensitivityReport
+from compiler import (
+    Backend,
+    Fusion,
+    Hardware,
+    LayerQuant,
+    Layout,
+    Quantization,
+    Recipe,
+    SensitivityReport,
+    ShapeBuckets,
+)
 from compiler.recipe import DEFAULT_KEY
+from profiler import parse_key
 
 QUANTIZABLE = (nn.Linear,)
 BASE_CHOICES = (
@@ -32,6 +43,11 @@ BASE_CHOICES = (
     "int8-weight_only-pc",
 )
 SAFE = "fp32"
+#: Whole-graph choices for convolutional models: as written, or BatchNorm folded, conv+ReLU
+#: fused and channels-last activations (what oneDNN's convolutions prefer).
+GRAPH_CHOICES = ("fused_cl", "as_is")
+FUSED = Fusion(conv_bn=True, conv_bn_relu=True)
+CHANNELS_LAST = Layout("channels_last")
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,10 @@ class Space:
     backends: tuple[str, ...]
     per_layer: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pruned: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
+    graph_choices: tuple[str, ...] = ()
+    """``GRAPH_CHOICES`` for models with convolutions (empty: not offered)."""
+    bucket_sizes: tuple[int, ...] = ()
+    """Sequence-length buckets seen in live traffic (offered when there are two or more)."""
 
     def choices_of(self, layer: str) -> tuple[str, ...]:
         return dict(self.per_layer).get(layer, self.layer_choices)
@@ -54,6 +74,10 @@ class Space:
         for name in self.hot_layers:
             params[f"layer:{name}"] = trial.suggest_categorical(f"layer:{name}", self.choices_of(name))
         params["backend"] = trial.suggest_categorical("backend", self.backends)
+        if self.graph_choices:
+            params["graph"] = trial.suggest_categorical("graph", self.graph_choices)
+        if self.bucket_sizes:
+            params["buckets"] = trial.suggest_categorical("buckets", ("live", "none"))
         return self.recipe(params)
 
     def recipe(self, params: dict[str, Any]) -> Recipe:
@@ -65,7 +89,12 @@ class Space:
         quant = (
             Quantization.of(rules) if any(not c.is_identity for c in rules.values()) else Quantization()
         )
-        return Recipe(quantization=quant, backend=Backend(params["backend"]))
+        parts: dict[str, Any] = {"quantization": quant, "backend": Backend(params["backend"])}
+        if params.get("graph") == "fused_cl":
+            parts.update(fusion=FUSED, layout=CHANNELS_LAST)
+        if params.get("buckets") == "live" and self.bucket_sizes:
+            parts["buckets"] = ShapeBuckets(self.bucket_sizes)
+        return Recipe(**parts)
 
     def params(self, default: str, backend: str, **layers: str) -> dict[str, Any]:
         """Parameters for an enqueued trial: every hot layer follows ``default`` unless named,
@@ -74,6 +103,10 @@ class Space:
         for name in self.hot_layers:
             want = layers.get(name, default)
             out[f"layer:{name}"] = want if want in self.choices_of(name) else SAFE
+        if self.graph_choices:
+            out["graph"] = self.graph_choices[0]
+        if self.bucket_sizes:
+            out["buckets"] = "live"
         return out
 
     def params_for(self, recipe: Recipe) -> dict[str, Any] | None:
@@ -92,6 +125,10 @@ class Space:
                 return None
             layers[key] = choice.label()
         params = self.params(default, recipe.backend.kind, **layers)
+        if self.graph_choices and recipe.fusion.is_identity and recipe.layout.is_identity:
+            params["graph"] = "as_is"
+        if self.bucket_sizes and recipe.buckets.is_identity:
+            params["buckets"] = "none"
         return params if self.recipe(params) == recipe else None
 
     def baselines(self, sensitive: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -112,20 +149,24 @@ class Space:
                 unique.append(p)
         return unique
 
+    def _pools(self) -> list[tuple[str, Sequence[str]]]:
+        pools: list[tuple[str, Sequence[str]]] = [("default", self.default_choices)]
+        pools += [(f"layer:{n}", self.choices_of(n)) for n in self.hot_layers]
+        pools.append(("backend", self.backends))
+        if self.graph_choices:
+            pools.append(("graph", self.graph_choices))
+        if self.bucket_sizes:
+            pools.append(("buckets", ("live", "none")))
+        return pools
+
     @property
     def size(self) -> int:
-        n = len(self.default_choices) * len(self.backends)
-        for name in self.hot_layers:
-            n *= len(self.choices_of(name))
-        return n
+        return math.prod(len(choices) for _, choices in self._pools())
 
     def grid(self) -> Iterator[dict[str, Any]]:
-        keys = ["default"] + [f"layer:{n}" for n in self.hot_layers] + ["backend"]
-        pools: list[Sequence[str]] = (
-            [self.default_choices] + [self.choices_of(n) for n in self.hot_layers] + [self.backends]
-        )
-        for combo in itertools.product(*pools):
-            yield dict(zip(keys, combo))
+        pools = self._pools()
+        for combo in itertools.product(*(choices for _, choices in pools)):
+            yield dict(zip((key for key, _ in pools), combo))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +175,8 @@ class Space:
             "default_choices": list(self.default_choices),
             "per_layer": {k: list(v) for k, v in self.per_layer},
             "backends": list(self.backends),
+            "graph_choices": list(self.graph_choices),
+            "bucket_sizes": list(self.bucket_sizes),
             "pruned": [list(p) for p in self.pruned],
             "size": self.size,
         }
@@ -226,12 +269,16 @@ def build_space(
     *,
     coverage: float = 0.8,
     max_hot: int = 6,
-    backends: Sequence[str] = ("inductor", "eager"),
+    backends: Sequence[str] | None = None,
     sensitivity: SensitivityReport | None = None,
     max_drop: float = 1.0,
     choices: Sequence[str] | None = None,
+    shapes: dict[str, int] | None = None,
 ) -> Space:
+    """The space for ``model`` on this machine. ``shapes`` is the live traffic's calls per
+    shape bucket: two or more sequence-length buckets offer shape bucketing."""
     choices = tuple(choices or choices_for(hardware))
+    backends = tuple(backends or backends_for())
     hot = hot_layers(model, profile, coverage=coverage, max_hot=max_hot, sensitivity=sensitivity)
     per_layer, removed = prune(hot, choices, sensitivity, max_drop)
     # the default covers every other layer: prune what breaks the budget on any measured one
@@ -241,14 +288,38 @@ def build_space(
     default = tuple(c for c in choices if all(c in v for v in default_ok.values()))
     removed += [("_default", c, f"breaks the budget on {layer}: {why}") for layer, c, why in default_removed
                 if c not in default and not any(r[0] == "_default" and r[1] == c for r in removed)]
+    has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
     return Space(
         hot_layers=tuple(hot),
         layer_choices=choices,
         default_choices=default or (SAFE,),
-        backends=tuple(backends),
+        backends=backends,
         per_layer=tuple((n, per_layer[n]) for n in hot if per_layer[n] != choices),
         pruned=tuple(_dedupe(removed)),
+        graph_choices=GRAPH_CHOICES if has_conv else (),
+        bucket_sizes=live_buckets(shapes or {}),
     )
+
+
+def backends_for() -> tuple[str, ...]:
+    """Inductor and eager everywhere; ONNX Runtime where it is installed."""
+    try:
+        import onnxruntime  # noqa: F401, PLC0415
+    except ImportError:
+        return ("inductor", "eager")
+    return ("inductor", "eager", "onnxruntime")
+
+
+def live_buckets(shapes: dict[str, int], *, min_share: float = 0.02) -> tuple[int, ...]:
+    """Sequence-length buckets that live traffic really uses (each at least ``min_share`` of
+    calls), when there are two or more of them; else none."""
+    total = sum(shapes.values())
+    seqs: set[int] = set()
+    for key, n in shapes.items():
+        seq = parse_key(key).get("seq")
+        if isinstance(seq, int) and total and n / total >= min_share:
+            seqs.add(seq)
+    return tuple(sorted(seqs)) if len(seqs) >= 2 else ()
 
 
 def _dedupe(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

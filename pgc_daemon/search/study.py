@@ -22,7 +22,7 @@ import optuna
 import torch
 from torch import nn
 
-from compiler import BuildError, Example, Recipe, build, warm
+from compiler import BuildError, CompileCache, Example, Recipe, build, warm
 from pgc_daemon.policy import Policy
 from pgc_daemon.search.evaluate import Evaluator
 from pgc_daemon.search.measure import interleaved
@@ -157,6 +157,7 @@ class Search:
         sampler: optuna.samplers.BaseSampler | None = None,
         evaluate: Callable[[int, dict[str, Any], Recipe], TrialRecord] | None = None,
         reference_ms: float | None = None,
+        cache: CompileCache | None = None,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -178,6 +179,7 @@ class Search:
         self.should_stop = should_stop or (lambda: False)
         self.max_timing_s = max_timing_s
         self.reference_ms = reference_ms
+        self.cache = cache
         self.seed = seed
 
     # ------------------------------------------------------------------ running
@@ -259,7 +261,9 @@ class Search:
         try:
             t = time.monotonic()
             example = self.calibration[0] if self.calibration else None
-            variant = build(self.base, recipe, calibration=self.calibration, example=example)
+            variant = build(
+                self.base, recipe, calibration=self.calibration, example=example, cache=self.cache
+            )
             phases["build"] = time.monotonic() - t
             t = time.monotonic()
             warm(variant, self.timing_inputs[:1], rounds=1)

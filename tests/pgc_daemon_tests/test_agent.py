@@ -178,3 +178,40 @@ def test_restarted_agent_restores_the_variant_that_served(mlp_spec: dict, settin
         assert again.slot.label == INT8.label() and not again.slot.canary
     finally:
         again.close()
+
+
+class _Sleepy(torch.nn.Module):
+    """A module whose forward takes a while, so tracing it keeps torch.fx's process-wide
+    patch of nn.Module.__call__ in place for that long."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(0.6)
+        return x + 1
+
+
+def test_calls_during_torch_fx_tracing_in_another_thread_are_served(mlp_spec: dict, settings: Settings) -> None:
+    import threading
+    import time
+
+    from pgc_daemon.agent import _tracing_now
+
+    served = _attach(mlp_spec, settings)
+    x = _inputs(mlp_spec)[0]
+    expected = mlp_spec["model"](x)
+    try:
+        tracer = threading.Thread(target=lambda: torch.fx.Tracer().trace(_Sleepy()))
+        tracer.start()
+        deadline = time.monotonic() + 5
+        while not _tracing_now() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _tracing_now(), "the tracer should be running"
+        with pytest.raises(NameError):  # what any plain call of a module meets right now
+            mlp_spec["model"](x)
+        out = served(x)  # the agent waits for the tracer and serves the call
+        tracer.join()
+        assert torch.allclose(out, expected)
+        assert served.retries == 1
+    finally:
+        served.close()

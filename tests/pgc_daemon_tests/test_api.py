@@ -137,6 +137,29 @@ def test_deploy_validates_its_body(populated: st.Store) -> None:
     assert c.post("/api/models/mini/deployments", json={"variant_id": 9999}).status_code == 404
 
 
+def test_deploy_takes_every_recipe_part(populated: st.Store) -> None:
+    from compiler import Fusion, Layout, ShapeBuckets
+
+    recipe = Recipe(
+        quantization=Quantization.of({"_default": "int8-static-pc", r"re:.*\.output\.dense": "fp32"}),
+        backend=Backend("onnxruntime"),
+        fusion=Fusion(conv_bn=True),
+        layout=Layout("channels_last"),
+        buckets=ShapeBuckets((64, 128)),
+    )
+    c = client(populated)
+    r = c.post("/api/models/mini/deployments", json={"recipe": recipe.to_dict(), "reason": "every part"})
+    assert r.status_code == 202, r.text
+    with populated.session() as s:
+        stored = st.repo.get_variant(s, r.json()["variant_id"])
+    assert Recipe.from_dict(stored.recipe) == recipe and stored.recipe_hash == recipe.hash
+    again = c.post("/api/models/mini/deployments", json={"recipe": recipe.to_dict()})
+    assert again.status_code == 409  # the first one is still a candidate
+    bad = c.post("/api/models/mini/deployments",
+                 json={"recipe": {"buckets": {"sizes": [128, 64]}}})
+    assert bad.status_code == 422 and "increasing" in bad.json()["detail"]
+
+
 def test_optimize_without_an_optimizer_loop_is_503(populated: st.Store) -> None:
     assert client(populated).post("/api/models/mini/optimize").status_code == 503
 

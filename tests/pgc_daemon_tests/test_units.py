@@ -194,3 +194,28 @@ def test_sensitivity_picks_the_hot_layers_and_prunes_their_choices(mlp_spec: dic
         assert params["layer:net.1"] in space.choices_of("net.1")
     assert space.params("int8-static-pc", "inductor")["layer:net.3"] == "fp32"
     assert space.size == len(list(space.grid()))
+
+
+def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_traffic(
+    mlp_spec: dict, cnn_spec: dict
+) -> None:
+    from compiler import Fusion, Layout, ShapeBuckets
+    from pgc_daemon.search.space import build_space, live_buckets
+
+    hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
+    cnn = build_space(cnn_spec["model"], [], hw)
+    assert cnn.graph_choices and not cnn.bucket_sizes
+    fused = cnn.recipe(cnn.params("int8-static-pc", "inductor"))
+    assert fused.fusion == Fusion(conv_bn=True, conv_bn_relu=True)
+    assert fused.layout == Layout("channels_last")
+    plain = cnn.recipe({**cnn.params("fp32", "eager"), "graph": "as_is"})
+    assert plain.is_identity
+    assert cnn.params_for(plain) == {**cnn.params("fp32", "eager"), "graph": "as_is"}
+    assert cnn.size == len(list(cnn.grid()))
+
+    assert live_buckets({"b1 s64": 50, "b1 s128": 40, "b1 s512": 1}) == (64, 128)
+    assert live_buckets({"b1 s128": 100}) == ()
+    mlp = build_space(mlp_spec["model"], [], hw, shapes={"b1 s64": 5, "b1 s128": 5})
+    assert not mlp.graph_choices and mlp.bucket_sizes == (64, 128)
+    bucketed = mlp.recipe(mlp.params("int8-dynamic-pc", "inductor"))
+    assert bucketed.buckets == ShapeBuckets((64, 128))
