@@ -29,6 +29,7 @@ import functools
 import statistics
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,13 @@ from torch import nn
 
 _perf_ns = time.perf_counter_ns
 _ident = threading.get_ident
+
+#: torch warns on every call of a ``torch.compile``-d module made while any process-wide hook
+#: exists: while one thread's call is sampled, another thread calling a compiled variant
+#: would warn (and fail under ``-W error``). The hooks ignore other threads and modules not
+#: watched, so the extra call the warning is about does nothing: silence just that warning.
+GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+warnings.filterwarnings("ignore", message=GLOBAL_HOOK_WARNING, category=UserWarning)
 
 
 @functools.lru_cache(maxsize=1)
