@@ -162,8 +162,14 @@ class OnnxRuntimeBackend(BaseModel):
 class FusionBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     conv_bn: bool = False
-    conv_bn_relu: bool = Field(False, description="needs conv_bn")
+    conv_bn_relu: bool = Field(False, description="implies conv_bn (the BatchNorm is folded first)")
     linear_act: bool = False
+
+    @model_validator(mode="after")
+    def _relu_needs_bn(self) -> FusionBody:
+        if self.conv_bn_relu:
+            self.conv_bn = True
+        return self
 
 
 class LayoutBody(BaseModel):
@@ -178,11 +184,21 @@ class KernelsBody(BaseModel):
 
 class BucketsBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    sizes: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
-        default_factory=list, max_length=16, description="strictly increasing"
+    sizes: list[Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"uniqueItems": True},
+        description="distinct bucket lengths (taken in increasing order)",
     )
-    dim: int = Field(1, ge=0, le=16)
-    pad_value: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    dim: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 1
+    pad_value: Annotated[int, Field(ge=-(2**31), le=2**31 - 1), BeforeValidator(_integral)] = 0
+
+    @model_validator(mode="after")
+    def _sorted(self) -> BucketsBody:
+        if len(set(self.sizes)) != len(self.sizes):
+            raise ValueError("bucket sizes must be distinct")
+        self.sizes = sorted(self.sizes)
+        return self
 
 
 class PartitionBody(BaseModel):

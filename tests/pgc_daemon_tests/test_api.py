@@ -156,8 +156,8 @@ def test_deploy_takes_every_recipe_part(populated: st.Store) -> None:
     again = c.post("/api/models/mini/deployments", json={"recipe": recipe.to_dict()})
     assert again.status_code == 409  # the first one is still a candidate
     bad = c.post("/api/models/mini/deployments",
-                 json={"recipe": {"buckets": {"sizes": [128, 64]}}})
-    assert bad.status_code == 422 and "increasing" in bad.json()["detail"]
+                 json={"recipe": {"buckets": {"sizes": [64, 64]}}})
+    assert bad.status_code == 422 and "distinct" in bad.json()["detail"]
 
 
 def test_optimize_without_an_optimizer_loop_is_503(populated: st.Store) -> None:
