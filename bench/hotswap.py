@@ -17,6 +17,7 @@ timings. Both phases are measured in this one run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -88,6 +89,11 @@ def deploy(store: st.Store, recipe: Recipe) -> int:
         return st.repo.create_deployment(s, m.id, v.id, source="manual", reason="bench").id
 
 
+def set_policy(store: st.Store, policy: dict[str, Any]) -> None:
+    with store.session() as s:
+        st.repo.put_policy(s, st.repo.get_model(s, "minilm").id, policy)
+
+
 def wait_done(store: st.Store, dep: int, timeout: float = 300) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,6 +107,21 @@ def wait_done(store: st.Store, dep: int, timeout: float = 300) -> str:
 
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def by_phase(clients: Clients, swaps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Latency of the requests that finished while a deployment was in each state (the
+    deployment's own transitions mark the spans), to tell which step costs live traffic."""
+    spans: dict[str, list[float]] = {}
+    for swap in swaps:
+        marks = swap["phases"]
+        for (state, t0), (_next, t1) in itertools.pairwise(marks):
+            spans.setdefault(state, []).extend(clients.between(t0, t1))
+    return {
+        state: {"requests": len(ms), "p50_ms": pct(ms, 50), "p99_ms": pct(ms, 99)}
+        for state, ms in spans.items()
+        if ms
+    }
 
 
 def main() -> int:
@@ -130,17 +151,24 @@ def main() -> int:
     for t in clients.threads:
         t.start()
     swaps: list[dict[str, Any]] = []
+    wall_minus_mono = time.time() - time.monotonic()  # transitions are stored in wall-clock time
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
             prep = progress.add_task("building and compiling both variants", total=2)
             while served.model_id is None or len(served.reservoir) < 8:
                 time.sleep(0.2)
-            for recipe in (B, A):  # both built and warm; A serves at the end
+            # Both built and warm, A serving at the end. Without a canary: building is not
+            # what this measures, and a variant compiled on a loaded machine sometimes comes
+            # out slower, which the canary would rightly reject (the swaps below have one).
+            policy = {"canary_s": args.canary_s, "canary_latency_tolerance": 0.5, "canary_shadow_samples": 4}
+            set_policy(store, {**policy, "canary_s": 0.0})
+            for recipe in (B, A):
                 state = wait_done(store, deploy(store, recipe))
                 if state != "active":
                     raise SystemExit(f"could not deploy {recipe.label()}: {state}")
                 progress.advance(prep)
+            set_policy(store, policy)
             steady = progress.add_task("steady state", total=int(args.steady_s))
             t0 = time.monotonic()
             while time.monotonic() - t0 < args.steady_s:
@@ -156,7 +184,8 @@ def main() -> int:
                 with store.session() as s:
                     d = st.repo.get_deployment(s, dep)
                     swaps.append({"state": state, "swap_ms": d.swap_ms, "seconds": time.monotonic() - started,
-                                  "reason": d.reason})
+                                  "reason": d.reason,
+                                  "phases": [(t.to_state, t.at - wall_minus_mono) for t in d.transitions]})
                 progress.advance(task)
             t2 = time.monotonic()
     finally:
@@ -183,11 +212,14 @@ def main() -> int:
         "first_failures": clients.failures[:3],
     }
     out["p99_ratio"] = out["swap_p99_ms"] / out["steady_p99_ms"]
+    out["by_phase"] = by_phase(clients, swaps)
     table = Table(title=f"hot-swap under load: MiniLM, {args.clients} clients, {len(swaps)} swaps")
     for col in ("phase", "requests", "failed", "p50 ms", "p99 ms"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     table.add_row("steady state", str(out["steady_requests"]), "-", f"{out['steady_p50_ms']:.2f}", f"{out['steady_p99_ms']:.2f}")
     table.add_row("during swaps", str(out["swap_requests"]), "-", f"{out['swap_p50_ms']:.2f}", f"{out['swap_p99_ms']:.2f}")
+    for phase, row in out["by_phase"].items():
+        table.add_row(f"  {phase}", str(row["requests"]), "-", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}")
     table.add_row("all", str(out["requests"]), str(out["failed"]), "", "")
     console.print(table)
     console.print(

@@ -1,6 +1,7 @@
 """pgc's compiler: recipes (what a variant is), ``build`` (making one), the compile cache, and
 per-layer sensitivity."""
 
+from compiler import _quiet  # noqa: F401 - first: before anything imports torchao
 from compiler._errors import BuildError, CompilerError, RecipeError
 from compiler._registry import BuildReport, Example, register_transform, registered_parts
 from compiler.build import BuiltVariant, build, run, warm

@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     )
     retention_h: float = Field(72.0, gt=0, description="statistics older than this are pruned")
     work_dir: str = Field(".pgc", description="worker logs and caches")
+    gc_freeze: bool = Field(
+        True,
+        description="after building a variant in the serving process, collect and gc.freeze() "
+        "long-lived objects so full garbage collections do not stall requests",
+    )
 
     def optuna_storage(self) -> str:
         """Optuna keeps its own tables (their names collide with nothing of ours, but a study

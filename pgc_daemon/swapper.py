@@ -10,20 +10,26 @@ current module keeps serving.
 
 from __future__ import annotations
 
+import atexit
+import collections
+import contextlib
+import dataclasses
+import gc
 import logging
 import os
-import statistics
+import sys
 import threading
 import time
-import collections
-import dataclasses
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 import store as st
 from compiler import BuiltVariant, CompileCache, Recipe, build, fidelity, warm
 from pgc_daemon.errors import describe
+from pgc_daemon.livecompare import compare as compare_live
 from pgc_daemon.slot import Slot
 from profiler import shape_key
 
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
     from pgc_daemon.agent import ServedModel
 
 log = logging.getLogger("pgc.swapper")
+T = TypeVar("T")
 
 VERIFY_INPUTS = 32
 WARM_SHAPES = 8
@@ -38,6 +45,14 @@ CALIBRATION_INPUTS = 32
 MIN_CANARY_CALLS = 20
 KEEP_BUILT = 3
 SWAPPER_NICE = 10
+#: The verification set (live inputs and their fp32 outputs) is kept this long even while the
+#: reservoir changes: recomputing fp32 on every deployment would take cores from requests.
+REFS_MAX_AGE_S = 600.0
+#: Python's thread switch interval while a variant compiles in this process. Dynamo and
+#: Inductor hold the GIL for long stretches; a serving thread waits up to one interval for it
+#: after every torch op (each releases it), so at the default 5 ms an eager forward pass of a
+#: few hundred ops can take seconds. At 0.1 ms that wait is small; compiling gets a bit slower.
+COMPILE_SWITCH_INTERVAL_S = 1e-4
 
 
 class DeployFailed(Exception):
@@ -50,7 +65,12 @@ class Swapper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"pgc-swapper-{served.name}", daemon=True)
         self._built: collections.OrderedDict[int, Slot] = collections.OrderedDict()
-        self._refs: tuple[int, list[Any], list[Any]] | None = None
+        self._refs: tuple[int, float, list[Any], list[Any]] | None = None
+        """(reservoir version, taken at, inputs, fp32 outputs) of the verification set."""
+        self._scores: weakref.WeakKeyDictionary[torch.nn.Module, tuple[float, float]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Fidelity of modules on the verification set taken at that time."""
         self._cache: CompileCache | None = None
         self.busy = threading.Event()
         self.deployments_done = 0
@@ -81,7 +101,10 @@ class Swapper:
                         break
                     self.busy.set()
                     try:
-                        self._deploy(dep_id)
+                        # no per-layer hooks while variants compile, warm up, verify and
+                        # canary: tracing must not see them, nor a compiled module guard on them
+                        with served.profiler.paused():
+                            self._deploy(dep_id)
                     finally:
                         self.busy.clear()
                 backoff = served.settings.poll_s
@@ -159,20 +182,23 @@ class Swapper:
                 slot = _replace(reuse, deployment_id=dep_id, control=None)
             else:
                 self._transition(dep_id, "building", f"building {variant.label}")
-                built = self._build(variant.recipe)
-                self._transition(
-                    dep_id,
-                    "warming",
-                    f"built in {built.report.build_s:.1f}s; warming up",
-                    build_s=built.report.build_s,
-                )
-                examples = self._warm_examples()
-                warm_s = warm(built, examples)
+                with _compiling():
+                    built = in_short_thread(self._build, variant.recipe)
+                    self._transition(
+                        dep_id,
+                        "warming",
+                        f"built in {built.report.build_s:.1f}s; warming up",
+                        build_s=built.report.build_s,
+                    )
+                    examples = self._warm_examples()
+                    warm_s = in_short_thread(warm, built, examples)
                 self._transition(
                     dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
                 )
                 slot = self._slot_for(built, variant.id, variant.label, dep_id)
                 self._remember(slot)
+                if served.settings.gc_freeze:
+                    _settle_heap()
         except DeployFailed as exc:
             self._fail(dep_id, str(exc))
             return
@@ -188,7 +214,7 @@ class Swapper:
         served = self.served
         label = slot.label
         try:
-            verified = self._verify(slot.module, policy.min_fidelity)
+            verified = in_short_thread(self._verify, slot.module, policy.min_fidelity)
         except DeployFailed as exc:
             self._fail(dep_id, str(exc))
             return False
@@ -305,25 +331,42 @@ class Swapper:
         return list(by_shape.values())[:WARM_SHAPES]
 
     def _verify(self, module: torch.nn.Module, min_fidelity: float) -> float:
-        """Fidelity of ``module`` against the base on live inputs; the base's outputs are
-        computed once per reservoir version (they are the same for every candidate)."""
+        """Fidelity of ``module`` against the base on live inputs. The verification set (the
+        inputs and the base's outputs) is kept for a while (``REFS_MAX_AGE_S``); a module
+        already scored on the same set (one kept warm, deployed again) is not run again: the
+        same module on the same inputs gives the same outputs."""
         served = self.served
-        version = served.reservoir.version
-        if self._refs is None or self._refs[0] != version:
+        now = time.monotonic()
+        if self._refs is None or (
+            self._refs[0] != served.reservoir.version and now - self._refs[1] > REFS_MAX_AGE_S
+        ):
             samples = served.reservoir.snapshot()[:VERIFY_INPUTS]
             with torch.inference_mode():
                 refs = [served.base(*a, **k) for a, k in samples]
-            self._refs = (version, samples, refs)
-        _, samples, refs = self._refs
+            self._refs = (served.reservoir.version, now, samples, refs)
+        _, taken_at, samples, refs = self._refs
         metric = served.metric or "sqnr"
-        with torch.inference_mode():
-            outs = [module(*a, **k) for a, k in samples]
-        score = fidelity(metric, refs, outs)
+        known = self._scores.get(module)
+        if known is not None and known[0] == taken_at:
+            score = known[1]
+        else:
+            with torch.inference_mode():
+                outs = [module(*a, **k) for a, k in samples]
+            score = fidelity(metric, refs, outs)
+            self._scores[module] = (taken_at, score)
         if score < min_fidelity:
             raise DeployFailed(
                 f"verification failed: {metric} fidelity {score:.4f} < required {min_fidelity:.4f}"
             )
         return score
+
+    def _shadow_scores(self, shadow: list[Any], metric: str) -> list[float]:
+        """Fidelity of live canary outputs against the fp32 base on the same inputs."""
+        scores = []
+        with torch.inference_mode():
+            for _variant, (args, kwargs), out in shadow:
+                scores.append(fidelity(metric, [self.served.base(*args, **kwargs)], [out]))
+        return scores
 
     def _slot_for(self, built: BuiltVariant, variant_id: int, label: str, dep_id: int) -> Slot:
         return Slot(built.module, variant_id, label, built.hookable, dep_id)
@@ -352,32 +395,42 @@ class Swapper:
                 served.variant_failure.clear()
                 served.request_shadow(0)
                 return False, f"canary failed live requests: {served.last_variant_error}", {}
-            for _variant, (args, kwargs), out in served.take_shadow():
-                with torch.inference_mode():
-                    ref = served.base(*args, **kwargs)
-                shadow_scores.append(fidelity(metric, [ref], [out]))
+            shadow = served.take_shadow()
+            if shadow:
+                shadow_scores.extend(in_short_thread(self._shadow_scores, shadow, metric))
             now = time.monotonic()
-            enough = min(len(served.live[slot.variant_id]), len(served.live[control.variant_id]))
-            if now >= deadline and (enough >= MIN_CANARY_CALLS or now >= hard_deadline):
+            if now >= hard_deadline:
                 break
+            if now >= deadline:
+                after = list(served.live[slot.variant_id])
+                before = list(served.live[control.variant_id])
+                if min(len(after), len(before)) >= MIN_CANARY_CALLS and compare_live(
+                    after, before
+                ).certain(policy.canary_latency_tolerance):
+                    break  # more calls would not change the verdict
         served.request_shadow(0)
         before = list(served.live[control.variant_id])
         after = list(served.live[slot.variant_id])
         live: dict[str, float] = {}
         notes = []
         if len(after) >= MIN_CANARY_CALLS and len(before) >= MIN_CANARY_CALLS:
-            prev_p50, new_p50 = statistics.median(before), statistics.median(after)
-            live["live_speedup"] = prev_p50 / new_p50 if new_p50 > 0 else 0.0
-            if new_p50 > prev_p50 * (1 + policy.canary_latency_tolerance):
+            c = compare_live(after, before)
+            live["live_speedup"] = c.speedup
+            said = (
+                f"live latency {c.candidate_ms:.2f} ms vs {c.control_ms:.2f} ms for the control "
+                f"(trimmed means of {c.calls[0]} and {c.calls[1]} calls; ratio {c.ratio:.2f}, "
+                f"95% CI {c.low:.2f}-{c.high:.2f})"
+            )
+            if c.slower(policy.canary_latency_tolerance) or (
+                not c.certain(policy.canary_latency_tolerance)
+                and c.ratio > 1 + policy.canary_latency_tolerance
+            ):
                 return (
                     False,
-                    f"live p50 {new_p50:.2f} ms vs {prev_p50:.2f} ms for the control: "
-                    f"slower than the {policy.canary_latency_tolerance:.0%} tolerance",
+                    f"{said}: slower than the {policy.canary_latency_tolerance:.0%} tolerance",
                     live,
                 )
-            notes.append(
-                f"live p50 {new_p50:.2f} ms vs {prev_p50:.2f} ms ({live['live_speedup']:.2f}x)"
-            )
+            notes.append(said)
         else:
             notes.append(f"too little traffic to judge latency ({len(after)} calls)")
         if shadow_scores:
@@ -393,6 +446,68 @@ class Swapper:
                 )
             notes.append(f"shadow {metric} {live_fid:.4f} on {len(shadow_scores)} inputs")
         return True, "canary passed: " + "; ".join(notes), live
+
+
+def in_short_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn`` in a thread that ends when it returns (and re-raise what it raised).
+
+    A thread that has run parallel torch work keeps an OpenMP team; while it lives, libgomp
+    counts more threads than cores and stops spin-waiting at its barriers, and every forward
+    pass in the process slows down: measured on MiniLM with 2 cores, serving threads ran 2x
+    slower (17 -> 28 ms fp32, 7 -> 16 ms int8) for as long as the thread that had built a
+    variant lived, idle or not, and recovered the moment it ended. The swapper lives as long
+    as the model is served, so its torch work runs in threads like this one (which inherit
+    its lower priority)."""
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            error.append(exc)
+
+    worker = threading.Thread(target=run, name="pgc-swapper-work", daemon=True)
+    worker.start()
+    worker.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """While a variant compiles here, serving threads get the GIL back quickly."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, COMPILE_SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+_unfreeze_at_exit = False
+
+
+def _settle_heap() -> None:
+    """Collect what compiling left behind, then freeze what survives (``gc.freeze``).
+
+    Compiling a variant leaves millions of long-lived Python objects (the FX graphs, guards and
+    generated code it keeps), and every full collection afterwards scans them all with the GIL
+    held: measured 100-540 ms stalls of every serving thread on MiniLM. Frozen objects are
+    left out of collections. This is one long collection now, while deploying, instead of one
+    on the request path every few seconds. Unfreezing first lets a variant dropped from the
+    warm set (or anything else frozen last time) be collected."""
+    global _unfreeze_at_exit
+    started = time.perf_counter()
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    if not _unfreeze_at_exit:  # let the interpreter's last collections free frozen objects
+        atexit.register(gc.unfreeze)
+        _unfreeze_at_exit = True
+    log.debug("heap settled in %.0f ms; %d objects frozen", (time.perf_counter() - started) * 1e3,
+              gc.get_freeze_count())
 
 
 def _lower_priority() -> None:

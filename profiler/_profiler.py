@@ -19,12 +19,13 @@ Both background threads start with :meth:`Profiler.start` and only when a sink i
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,8 @@ class Profiler:
         self._serving = serving
         self._counter = itertools.count(1)
         self._sampling = threading.Lock()
+        self._paused = 0  # > 0: no call is sampled (see ``paused``)
+        self._pause_lock = threading.Lock()
         self._sampled_seq = 0
         self._timers: dict[int, LayerTimer] = {}
         self._pending: collections.deque[_Pending] = collections.deque()
@@ -261,6 +264,24 @@ class Profiler:
             return None
         return self._begin_sampled(module)
 
+    @contextlib.contextmanager
+    def paused(self, wait_s: float = 5.0) -> Iterator[None]:
+        """No per-layer sampling inside the block: the block starts once a sampled call in
+        flight has taken its hooks off (or after ``wait_s``), and no call is sampled until it
+        ends. Per-layer hooks are global while a call is sampled, so code that traces modules
+        in this process (``torch.compile``, ``torch.export``) runs inside such a block: it
+        must not trace the profiler's hooks (graph breaks) or guard on them (recompiles when
+        they are gone). End-to-end timing of every call carries on."""
+        with self._pause_lock:
+            self._paused += 1
+        try:
+            if self._sampling.acquire(timeout=wait_s):
+                self._sampling.release()
+            yield
+        finally:
+            with self._pause_lock:
+                self._paused -= 1
+
     def _duty_on(self) -> bool:
         cfg = self.config
         if cfg.duty_on_s is None:
@@ -273,6 +294,9 @@ class Profiler:
             return None
         timer = self._timers.get(id(module))
         if timer is None or not self._sampling.acquire(blocking=False):
+            return None
+        if self._paused:  # checked while holding the lock: ``paused`` waits on that lock
+            self._sampling.release()
             return None
         try:
             tracer = self._tracer

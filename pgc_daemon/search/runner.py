@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -140,8 +141,10 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         reference_ms=reference_ms,
         cache=CompileCache(settings.compile_cache_path()),
     )
-    resumed = len(search.finished())
+    finished = search.finished()
+    resumed = len(finished)
     with store.session() as s:
+        record_resumed(s, model.id, run_id, run.study_name, finished)
         st.repo.update_search_run(
             s,
             run_id,
@@ -204,6 +207,23 @@ def record_trial(s: Any, model_id: int, run_id: int, rec: TrialRecord) -> None:
         message=rec.message,
         duration_s=rec.duration_s,
     )
+
+
+def record_resumed(
+    s: Any, model_id: int, run_id: int, study_name: str, finished: Sequence[TrialRecord]
+) -> int:
+    """Give this run the trials its study finished before that pgc's store does not hold (a
+    store started afresh beside a kept Optuna storage, or a worker killed between Optuna's
+    tell and pgc's record), so the front shows every point the search builds on. Returns how
+    many were added."""
+    runs = [r.id for r in st.repo.list_search_runs(s, model_id, limit=10_000) if r.study_name == study_name]
+    known = {t.number for rid in runs for t in st.repo.list_trials(s, model_id, run_id=rid)}
+    added = 0
+    for rec in finished:
+        if rec.number not in known:
+            record_trial(s, model_id, run_id, rec)
+            added += 1
+    return added
 
 
 def finish_run(

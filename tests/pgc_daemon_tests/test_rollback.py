@@ -71,7 +71,7 @@ def test_a_variant_slower_on_live_traffic_is_rolled_back(mlp_spec: dict, setting
         assert served.slot.module is served.base
         with store.session() as s:
             d = st.repo.get_deployment(s, dep)
-            assert "live p50" in d.reason and "slower" in d.reason
+            assert "live latency" in d.reason and "slower" in d.reason
             assert d.live_speedup is not None and d.live_speedup < 1 / 1.15
             assert [t.to_state for t in d.transitions][-2:] == ["canary", "rolled_back"]
             events = st.repo.list_events(s, served.model_id, kind="rollback")

@@ -88,3 +88,33 @@ def test_a_budget_nothing_meets_reports_the_closest_and_chooses_nothing(mlp_spec
     assert result.chosen is None and not result.feasible
     assert result.closest and "no feasible variant" in result.message
     assert all(r.state == "complete" for r in result.closest)
+
+
+def test_a_resumed_study_gives_the_store_the_trials_it_lacks(store: Any) -> None:
+    """A store started afresh beside a kept Optuna storage (or a worker killed between Optuna's
+    tell and pgc's record) still shows every finished trial of the study it resumes, once."""
+    import store as st
+    from pgc_daemon.search.runner import record_resumed, record_trial
+
+    def rec(number: int, recipe: Recipe, speedup: float) -> TrialRecord:
+        return TrialRecord(number=number, state="complete", params={}, recipe=recipe.to_dict(),
+                           recipe_hash=recipe.hash, label=f"trial {number}", speedup=speedup,
+                           fidelity=0.995, drop=0.005, feasible=True)
+
+    fp32 = Recipe()
+    compiled = Recipe.from_dict({"backend": {"kind": "inductor"}})
+    with store.session() as s:
+        model = st.repo.upsert_model(s, "m")
+        old = st.repo.create_search_run(s, model.id, study_name="study-a", policy_version=1,
+                                        trigger="test", trials_budget=4)
+        other = st.repo.create_search_run(s, model.id, study_name="study-b", policy_version=1,
+                                          trigger="test", trials_budget=4)
+        new = st.repo.create_search_run(s, model.id, study_name="study-a", policy_version=1,
+                                        trigger="resuming the study", trials_budget=4)
+        record_trial(s, model.id, old.id, rec(0, fp32, 1.0))   # recorded before the restart
+        record_trial(s, model.id, other.id, rec(1, fp32, 1.0))  # same number, another study
+        finished = [rec(0, fp32, 1.0), rec(1, compiled, 1.3)]
+        assert record_resumed(s, model.id, new.id, "study-a", finished) == 1
+        assert record_resumed(s, model.id, new.id, "study-a", finished) == 0  # never twice
+        mine = st.repo.list_trials(s, model.id, run_id=new.id)
+        assert [(t.number, t.speedup) for t in mine] == [(1, 1.3)]

@@ -1,0 +1,27 @@
+"""Silence notices from torch and torchao that every pgc command would print and that no pgc
+user can act on. Imported first by ``compiler``."""
+
+import logging
+import warnings
+
+_NOISE = (
+    # torch 2.13 logs a deprecation notice for each enum torchao registers on import
+    "is an Enum subclass and is now natively supported",
+    # torchao's CUDA-only extensions (mxfp8, CUTLASS) that pgc does not use fail to load on CPU
+    "_C_mxfp8",
+    "_C_cutlass",
+)
+
+
+def _drop_import_noise(record: logging.LogRecord) -> bool:
+    """Notices printed by every import of torchao that no pgc user can act on."""
+    text = str(record.msg) if not record.args else record.getMessage()
+    return not any(n in text for n in _NOISE)
+
+
+for _logger in ("torch.utils._pytree", "torchao"):
+    logging.getLogger(_logger).addFilter(_drop_import_noise)
+# Inductor's oneDNN int8 lowering copies a tensor in a way torch itself warns about
+warnings.filterwarnings(
+    "ignore", message="To copy construct from a tensor", module="torch._inductor.mkldnn_lowerings"
+)
