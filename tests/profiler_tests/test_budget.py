@@ -127,10 +127,12 @@ def test_profiler_lowers_its_rate_to_meet_the_budget_and_raises_it_again() -> No
     assert lowered > 4
     # the same model with 20 ms of work per call: headroom, so the rate goes back up
     delay.ms = 20.0
-    for _ in range(6):
+    for _ in range(12):  # a loaded machine inflates the measured cost: allow more periods
         _serve(prof, model, min(4 * prof.sample_every, 200))
         prof.close_window()
         prof.adapt()
+        if prof.sample_every <= lowered // 3:
+            break
     assert prof.sample_every <= lowered // 3
     prof.stop()
 

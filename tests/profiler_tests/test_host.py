@@ -141,7 +141,8 @@ def test_leak_host_stats_counters_and_overhead_reach_the_store_and_the_api(tmp_p
         registered = [h for h in host if h.variant_id is not None]  # after registration
         assert len(registered) >= 10
         assert all(h.variant_id == served.baseline_variant_id for h in registered)
-        assert "rss_slope_bytes_per_s" in (host[-1].extra or {})
+        # the trend restarts after each leak warning, so not every row carries a slope
+        assert any("rss_slope_bytes_per_s" in (h.extra or {}) for h in registered)
         assert events and events[0].level == "warning" and "possible leak" in events[0].message
         assert events[0].data["growth_bytes"] >= 16 * MIB
         assert summary is not None and summary["overhead"] > 0 and summary["sampled"] > 0
