@@ -421,10 +421,7 @@ class Swapper:
                 f"(trimmed means of {c.calls[0]} and {c.calls[1]} calls; ratio {c.ratio:.2f}, "
                 f"95% CI {c.low:.2f}-{c.high:.2f})"
             )
-            if c.slower(policy.canary_latency_tolerance) or (
-                not c.certain(policy.canary_latency_tolerance)
-                and c.ratio > 1 + policy.canary_latency_tolerance
-            ):
+            if c.too_slow(policy.canary_latency_tolerance):
                 return (
                     False,
                     f"{said}: slower than the {policy.canary_latency_tolerance:.0%} tolerance",
