@@ -131,6 +131,7 @@ def main() -> int:
     ap.add_argument("--think-ms", type=float, default=20.0)
     ap.add_argument("--steady-s", type=float, default=40.0)
     ap.add_argument("--canary-s", type=float, default=2.0)
+    ap.add_argument("--shadow-samples", type=int, default=4, help="live inputs shadow-checked per canary")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
 
@@ -143,10 +144,9 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="pgc-hotswap-")
     settings = Settings(store_url=f"sqlite:///{tmp}/pgc.db", work_dir=f"{tmp}/work", poll_s=0.1)
     store = st.open_store(settings.store_url)
-    served = attach(
-        minilm.load_model(), name="minilm", settings=settings, metric="cosine",
-        policy={"canary_s": args.canary_s, "canary_latency_tolerance": 0.5, "canary_shadow_samples": 4},
-    )
+    policy = {"canary_s": args.canary_s, "canary_latency_tolerance": 0.5,
+              "canary_shadow_samples": args.shadow_samples}
+    served = attach(minilm.load_model(), name="minilm", settings=settings, metric="cosine", policy=policy)
     clients = Clients(served, args.clients, args.think_ms / 1e3)
     for t in clients.threads:
         t.start()
@@ -161,7 +161,6 @@ def main() -> int:
             # Both built and warm, A serving at the end. Without a canary: building is not
             # what this measures, and a variant compiled on a loaded machine sometimes comes
             # out slower, which the canary would rightly reject (the swaps below have one).
-            policy = {"canary_s": args.canary_s, "canary_latency_tolerance": 0.5, "canary_shadow_samples": 4}
             set_policy(store, {**policy, "canary_s": 0.0})
             for recipe in (B, A):
                 state = wait_done(store, deploy(store, recipe))

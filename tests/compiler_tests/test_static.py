@@ -71,6 +71,40 @@ def test_per_tensor_static_gets_the_int8_kernel_when_compiled(mlp_spec: dict[str
     assert "MKL fp32" not in built.report.kernel_paths["<compiled>"]
 
 
+def test_a_variant_compiled_while_another_thread_runs_one_still_gets_int8_kernels(
+    mlp_spec: dict[str, Any],
+) -> None:
+    """The serving process builds a variant while its request threads run the active pt2e
+    variant. Inductor's settings are per thread: the build must set the freezing flag for its
+    own thread even while another thread is inside a variant call, or it compiles to fp32
+    matmuls on dequantized weights (what happened in the hot-swap benchmark)."""
+    import threading
+
+    from compiler._backend import freezing_enabled
+    from torch._inductor import config
+
+    if not _x86_onednn():
+        pytest.skip("oneDNN int8 kernels are x86 only")
+    inside, leave = threading.Event(), threading.Event()
+
+    def serving_thread() -> None:
+        with freezing_enabled():  # what a request in a pt2e variant's call does
+            inside.set()
+            leave.wait(timeout=300)
+
+    other = threading.Thread(target=serving_thread, daemon=True)
+    other.start()
+    try:
+        assert inside.wait(timeout=30)
+        recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}), backend=Backend("inductor"))
+        built = build(mlp_spec["model"], recipe, calibration=examples(mlp_spec, 4))
+    finally:
+        leave.set()
+        other.join(timeout=30)
+    assert "oneDNN int8 linear x3" in built.report.kernel_paths["<compiled>"]
+    assert config.freezing is False  # nothing left set in this thread either
+
+
 def test_layers_the_quantizer_cannot_take_stay_fp32_with_a_reason(mlp_spec: dict[str, Any]) -> None:
     rules = {"_default": "int8-static-pc", "net.3": "bf16", "net.5": "int8-weight_only-pc"}
     built = build(mlp_spec["model"], Recipe(quantization=Quantization.of(rules)), calibration=examples(mlp_spec, 4))
