@@ -6,10 +6,12 @@ and compiled), then:
 
 1. steady state: requests on the active variant with no deployment in flight;
 2. swaps: 20 deployments alternating between the two variants through the real path
-   (store -> swapper -> verify on live inputs -> A/B canary -> active), under the same load.
+   (store -> swapper -> verify on live inputs -> A/B canary -> active), under the same load,
+   each counted until half a second after it ended.
 
-Reported: request count, failures, p50/p99 in each phase and their ratio, and the swaps' own
-timings. Both phases are measured in this one run.
+The two phases alternate (a steady window, a swap, a steady window, ...) so that the shared
+machine's own noise falls on both alike. Reported: request count, failures, p50/p99 in each
+phase and their ratio, and the swaps' own timings.
 
     python bench/hotswap.py [--swaps 20] [--clients 2] [--json]
 """
@@ -45,6 +47,10 @@ B = Recipe(
     ),
     backend=Backend("inductor"),
 )
+
+
+#: After a deployment ends, requests are still counted as the swap's for this long.
+AFTER_SWAP_S = 0.5
 
 
 class Clients:
@@ -94,15 +100,20 @@ def set_policy(store: st.Store, policy: dict[str, Any]) -> None:
         st.repo.put_policy(s, st.repo.get_model(s, "minilm").id, policy)
 
 
-def wait_done(store: st.Store, dep: int, timeout: float = 300) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_done(store: st.Store, dep: int, timeout: float = 300, *, at_least: float = 0.0) -> str:
+    """Poll the deployment's state until it is final (or, with ``at_least``, for that long
+    whatever it is: the steady windows poll the same way, so the harness's own store reads
+    weigh on both phases alike)."""
+    started = time.monotonic()
+    state = "timeout"
+    while time.monotonic() - started < timeout:
         with store.session() as s:
             state = st.repo.get_deployment(s, dep).state
-        if state in ("active", "failed", "rolled_back"):
+        done = state in ("active", "failed", "rolled_back")
+        if done and time.monotonic() - started >= at_least:
             return state
         time.sleep(0.1)
-    return "timeout"
+    return state if at_least else "timeout"
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -129,7 +140,7 @@ def main() -> int:
     ap.add_argument("--swaps", type=int, default=20)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--think-ms", type=float, default=20.0)
-    ap.add_argument("--steady-s", type=float, default=40.0)
+    ap.add_argument("--steady-s", type=float, default=40.0, help="steady state in all, spread between the swaps")
     ap.add_argument("--canary-s", type=float, default=2.0)
     ap.add_argument("--shadow-samples", type=int, default=4, help="live inputs shadow-checked per canary")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -151,6 +162,8 @@ def main() -> int:
     for t in clients.threads:
         t.start()
     swaps: list[dict[str, Any]] = []
+    steady_windows: list[tuple[float, float]] = []
+    swap_windows: list[tuple[float, float]] = []
     wall_minus_mono = time.time() - time.monotonic()  # transitions are stored in wall-clock time
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -163,37 +176,39 @@ def main() -> int:
             # out slower, which the canary would rightly reject (the swaps below have one).
             set_policy(store, {**policy, "canary_s": 0.0})
             for recipe in (B, A):
-                state = wait_done(store, deploy(store, recipe))
+                dep = deploy(store, recipe)
+                state = wait_done(store, dep)
                 if state != "active":
                     raise SystemExit(f"could not deploy {recipe.label()}: {state}")
                 progress.advance(prep)
             set_policy(store, policy)
-            steady = progress.add_task("steady state", total=int(args.steady_s))
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < args.steady_s:
-                time.sleep(1)
-                progress.advance(steady)
-            t1 = time.monotonic()
-            task = progress.add_task("swapping", total=args.swaps)
+            # Steady windows and swaps alternate, so that whatever else the machine does
+            # (it is shared) falls on both phases alike.
+            task = progress.add_task("steady windows and swaps", total=args.swaps)
+            each = args.steady_s / max(1, args.swaps)
             for i in range(args.swaps):
+                w0 = time.monotonic()
+                wait_done(store, dep, at_least=each)  # the last deployment, final already
+                steady_windows.append((w0, time.monotonic()))
                 recipe = B if i % 2 == 0 else A
                 started = time.monotonic()
                 dep = deploy(store, recipe)
                 state = wait_done(store, dep)
+                time.sleep(AFTER_SWAP_S)  # what a swap leaves behind counts as the swap's
+                swap_windows.append((started, time.monotonic()))
                 with store.session() as s:
                     d = st.repo.get_deployment(s, dep)
                     swaps.append({"state": state, "swap_ms": d.swap_ms, "seconds": time.monotonic() - started,
                                   "reason": d.reason,
                                   "phases": [(t.to_state, t.at - wall_minus_mono) for t in d.transitions]})
                 progress.advance(task)
-            t2 = time.monotonic()
     finally:
         clients.stop.set()
         for t in clients.threads:
             t.join(timeout=10)
         served.close()
-    steady_ms = clients.between(t0, t1)
-    swap_ms = clients.between(t1, t2)
+    steady_ms = [ms for w in steady_windows for ms in clients.between(*w)]
+    swap_ms = [ms for w in swap_windows for ms in clients.between(*w)]
     out = {
         "requests": len(clients.samples) + len(clients.failures),
         "failed": len(clients.failures),

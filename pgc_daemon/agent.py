@@ -119,6 +119,7 @@ class ServedModel:
         self._shadow: collections.deque[tuple[Any, Any, Any]] = collections.deque(maxlen=256)
         self._shadow_wanted = 0
         self._ab_calls = 0
+        self._in_flight: set[object] = set()
         self._rng = random.Random(0)
         self._closed = False
         from pgc_daemon.swapper import Swapper  # noqa: PLC0415 - mutual reference
@@ -128,6 +129,18 @@ class ServedModel:
     # ------------------------------------------------------------------ request path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = object()
+        self._in_flight.add(call)  # set.add/discard are atomic: no lock on the request path
+        try:
+            return self._serve(args, kwargs)
+        finally:
+            self._in_flight.discard(call)
+
+    def busy(self) -> bool:
+        """Whether a request is being served right now (background work yields to it)."""
+        return bool(self._in_flight)
+
+    def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         slot = self._slot
         steady = True
         if slot.control is not None:  # canary: alternate blocks of calls with the control

@@ -31,6 +31,7 @@ from compiler import BuiltVariant, CompileCache, Recipe, build, fidelity, warm
 from pgc_daemon.errors import describe
 from pgc_daemon.livecompare import compare as compare_live
 from pgc_daemon.slot import Slot
+from pgc_daemon.yielding import YieldToRequests
 from profiler import shape_key
 
 if TYPE_CHECKING:
@@ -48,11 +49,13 @@ SWAPPER_NICE = 10
 #: The verification set (live inputs and their fp32 outputs) is kept this long even while the
 #: reservoir changes: recomputing fp32 on every deployment would take cores from requests.
 REFS_MAX_AGE_S = 600.0
-#: Python's thread switch interval while a variant compiles in this process. Dynamo and
-#: Inductor hold the GIL for long stretches; a serving thread waits up to one interval for it
-#: after every torch op (each releases it), so at the default 5 ms an eager forward pass of a
-#: few hundred ops can take seconds. At 0.1 ms that wait is small; compiling gets a bit slower.
-COMPILE_SWITCH_INTERVAL_S = 1e-4
+#: Python's thread switch interval while a deployment runs in this process. Compiling, the
+#: store's ORM and the canary's statistics hold the GIL for long stretches; a serving thread
+#: waits up to one interval for it after every torch op or compiled kernel (each releases it),
+#: so at the default 5 ms an eager forward pass of a few hundred ops can take seconds while a
+#: variant compiles, and a compiled one (its Python wrapper calls ~100 kernels) 2-3x longer
+#: while the swapper records transitions. At 0.1 ms that wait is small.
+SWITCH_INTERVAL_S = 1e-4
 
 
 class DeployFailed(Exception):
@@ -103,7 +106,7 @@ class Swapper:
                     try:
                         # no per-layer hooks while variants compile, warm up, verify and
                         # canary: tracing must not see them, nor a compiled module guard on them
-                        with served.profiler.paused():
+                        with served.profiler.paused(), _short_gil_turns():
                             self._deploy(dep_id)
                     finally:
                         self.busy.clear()
@@ -182,16 +185,15 @@ class Swapper:
                 slot = _replace(reuse, deployment_id=dep_id, control=None)
             else:
                 self._transition(dep_id, "building", f"building {variant.label}")
-                with _compiling():
-                    built = in_short_thread(self._build, variant.recipe)
-                    self._transition(
-                        dep_id,
-                        "warming",
-                        f"built in {built.report.build_s:.1f}s; warming up",
-                        build_s=built.report.build_s,
-                    )
-                    examples = self._warm_examples()
-                    warm_s = in_short_thread(warm, built, examples)
+                built = in_short_thread(self._build, variant.recipe)
+                self._transition(
+                    dep_id,
+                    "warming",
+                    f"built in {built.report.build_s:.1f}s; warming up",
+                    build_s=built.report.build_s,
+                )
+                examples = self._warm_examples()
+                warm_s = in_short_thread(warm, built, examples)
                 self._transition(
                     dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
                 )
@@ -341,7 +343,7 @@ class Swapper:
             self._refs[0] != served.reservoir.version and now - self._refs[1] > REFS_MAX_AGE_S
         ):
             samples = served.reservoir.snapshot()[:VERIFY_INPUTS]
-            with torch.inference_mode():
+            with torch.inference_mode(), self._background_reference():
                 refs = [served.base(*a, **k) for a, k in samples]
             self._refs = (served.reservoir.version, now, samples, refs)
         _, taken_at, samples, refs = self._refs
@@ -360,10 +362,18 @@ class Swapper:
             )
         return score
 
+    @contextlib.contextmanager
+    def _background_reference(self) -> Iterator[None]:
+        """For fp32 reference forwards of the eager base in a swapper thread: one intra-op
+        thread (no second OpenMP team beside the serving threads'), and every op waits for a
+        moment without requests (:class:`YieldToRequests`)."""
+        with _one_thread(), YieldToRequests(self.served.busy):
+            yield
+
     def _shadow_scores(self, shadow: list[Any], metric: str) -> list[float]:
         """Fidelity of live canary outputs against the fp32 base on the same inputs."""
         scores = []
-        with torch.inference_mode():
+        with torch.inference_mode(), self._background_reference():
             for _variant, (args, kwargs), out in shadow:
                 scores.append(fidelity(metric, [self.served.base(*args, **kwargs)], [out]))
         return scores
@@ -473,14 +483,43 @@ def in_short_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 @contextlib.contextmanager
-def _compiling() -> Iterator[None]:
-    """While a variant compiles here, serving threads get the GIL back quickly."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, COMPILE_SWITCH_INTERVAL_S))
+def _one_thread() -> Iterator[None]:
+    """Torch work in this thread without an OpenMP team: a second team beside the serving
+    threads' makes every thread's barriers sleep instead of spin (more threads than cores).
+    Only for eager modules: compiled code was generated for the serving thread count.
+    ``torch.set_num_threads`` also sets the count that threads starting meanwhile take, so it
+    is put back before the short-lived thread this runs in ends."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
-        sys.setswitchinterval(before)
+        torch.set_num_threads(before)
+
+
+_turns_lock = threading.Lock()
+_turns_depth = 0
+_turns_before = 0.0
+
+
+@contextlib.contextmanager
+def _short_gil_turns() -> Iterator[None]:
+    """While a deployment runs here, serving threads get the GIL back quickly. The interval is
+    one per process, and the swappers of several served models may overlap: the first to
+    enter sets it, the last to leave puts it back."""
+    global _turns_depth, _turns_before
+    with _turns_lock:
+        if _turns_depth == 0:
+            _turns_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(_turns_before, SWITCH_INTERVAL_S))
+        _turns_depth += 1
+    try:
+        yield
+    finally:
+        with _turns_lock:
+            _turns_depth -= 1
+            if _turns_depth == 0:
+                sys.setswitchinterval(_turns_before)
 
 
 _unfreeze_at_exit = False
