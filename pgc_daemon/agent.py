@@ -136,8 +136,9 @@ class ServedModel:
         finally:
             self._in_flight.discard(call)
 
-    def busy(self) -> bool:
-        """Whether a request is being served right now (background work yields to it)."""
+    def serving_now(self) -> bool:
+        """Whether a request is being served right now (background work yields to it; not to
+        be confused with ``swapper.busy``, a deployment in progress)."""
         return bool(self._in_flight)
 
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -367,7 +367,7 @@ class Swapper:
         """For fp32 reference forwards of the eager base in a swapper thread: one intra-op
         thread (no second OpenMP team beside the serving threads'), and every op waits for a
         moment without requests (:class:`YieldToRequests`)."""
-        with _one_thread(), YieldToRequests(self.served.busy):
+        with _one_thread(), YieldToRequests(self.served.serving_now):
             yield
 
     def _shadow_scores(self, shadow: list[Any], metric: str) -> list[float]:

@@ -26,20 +26,20 @@ POLL_S = 0.0002
 
 
 class YieldToRequests(TorchFunctionMode):
-    def __init__(self, busy: Callable[[], bool], *, max_wait_s: float = 0.02, budget_s: float = 2.0) -> None:
+    def __init__(self, requests_in_flight: Callable[[], bool], *, max_wait_s: float = 0.02, budget_s: float = 2.0) -> None:
         super().__init__()
-        self.busy = busy
+        self.requests_in_flight = requests_in_flight
         self.max_wait_s = max_wait_s
         self.budget_s = budget_s
         self.waited_s = 0.0
 
     def wait(self) -> None:
         """Wait for a moment with no request in flight (within the limits)."""
-        if self.waited_s >= self.budget_s or not self.busy():
+        if self.waited_s >= self.budget_s or not self.requests_in_flight():
             return
         started = time.monotonic()
         deadline = started + min(self.max_wait_s, self.budget_s - self.waited_s)
-        while self.busy() and time.monotonic() < deadline:
+        while self.requests_in_flight() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         self.waited_s += time.monotonic() - started
 

@@ -74,16 +74,16 @@ def test_served_model_is_busy_exactly_while_a_request_runs(mlp_spec: dict[str, A
             self.inner = inner
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            seen.append(served.busy())
+            seen.append(served.serving_now())
             return self.inner(x)
 
     served = attach(Probe(mlp_spec["model"]), name="probe", settings=settings)
     try:
         wait_for(lambda: served.model_id is not None, what="registration")
-        assert not served.busy()
+        assert not served.serving_now()
         served(mlp_spec["example_inputs"][0][0])
         assert seen == [True]
-        assert not served.busy()
+        assert not served.serving_now()
     finally:
         served.close()
 
