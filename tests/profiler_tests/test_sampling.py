@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,43 +66,63 @@ def _by_name(rows: list[tuple[Any, ...]]) -> dict[str, tuple[str, float]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+def _in_a_quiet_attempt(check: Callable[[], None], attempts: int = 4) -> None:
+    """Run a timing check until one attempt passes. A stall of the machine between a layer's
+    own clock and the hook's clock (this VM stalls for 1-1000 ms at random) lands in some
+    layer and fails one attempt; a wrong attribution fails every attempt."""
+    for i in range(attempts):
+        try:
+            check()
+            return
+        except AssertionError:
+            if i == attempts - 1:
+                raise
+
+
 def test_layer_timer_attributes_leaves_and_container_self_time() -> None:
-    model = nn.Sequential(Block(), Slow(1))
-    timer = LayerTimer(model)
-    timer.attach()
-    t0 = time.perf_counter_ns()
-    model(torch.ones(1))
-    total_ms = (time.perf_counter_ns() - t0) / 1e6
-    timer.detach()
-    got = _by_name(timer.results())
-    block, last = model[0], model[1]
-    # each layer's time is what the layer itself measured, within the cost of a few clock reads
-    assert got["0.parts.0"][1] == pytest.approx(block.parts[0].took_ms, abs=0.5)
-    assert got["0.parts.1"][1] == pytest.approx(block.parts[1].took_ms, abs=0.5)
-    assert got["1"][1] == pytest.approx(last.took_ms, abs=0.5)
-    assert got["0"][0] == "Block (self)" and got["0"][1] == pytest.approx(block.took_ms, abs=0.5)
-    assert sum(ms for _, ms in got.values()) == pytest.approx(total_ms, abs=1.0)
+    def check() -> None:
+        model = nn.Sequential(Block(), Slow(1))
+        timer = LayerTimer(model)
+        timer.attach()
+        t0 = time.perf_counter_ns()
+        model(torch.ones(1))
+        total_ms = (time.perf_counter_ns() - t0) / 1e6
+        timer.detach()
+        got = _by_name(timer.results())
+        block, last = model[0], model[1]
+        # each layer's time is what the layer itself measured, within a few clock reads
+        assert got["0.parts.0"][1] == pytest.approx(block.parts[0].took_ms, abs=0.5)
+        assert got["0.parts.1"][1] == pytest.approx(block.parts[1].took_ms, abs=0.5)
+        assert got["1"][1] == pytest.approx(last.took_ms, abs=0.5)
+        assert got["0"][0] == "Block (self)"
+        assert got["0"][1] == pytest.approx(block.took_ms, abs=0.5)
+        assert sum(ms for _, ms in got.values()) == pytest.approx(total_ms, abs=1.0)
+
+    _in_a_quiet_attempt(check)
 
 
 def test_layer_times_are_net_of_the_profilers_own_time() -> None:
     # Every counter read sleeps 2 ms: 4 reads per leaf would add 4+ ms to each leaf and more
     # to the container's self time, if the profiler's time were not taken out.
-    model = nn.Sequential(Slow(2), Slow(2))
-    counters = SlowCounters()
-    timer = LayerTimer(model, counters=counters)
-    timer.attach()
-    t0 = time.perf_counter_ns()
-    model(torch.ones(1))
-    elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
-    timer.detach()
-    raw = timer.take()
-    got = _by_name(timer.results(raw))
-    assert got["0"][1] == pytest.approx(model[0].took_ms, abs=0.5)
-    assert got["1"][1] == pytest.approx(model[1].took_ms, abs=0.5)
-    assert "(root)" not in got or got["(root)"][1] < 0.5
-    assert counters.reads == 6 and raw.overhead_ns / 1e6 >= 6 * 2  # six reads of 2 ms
-    net_ms = elapsed_ms - raw.overhead_ns / 1e6
-    assert net_ms == pytest.approx(model[0].took_ms + model[1].took_ms, abs=1.0)
+    def check() -> None:
+        model = nn.Sequential(Slow(2), Slow(2))
+        counters = SlowCounters()
+        timer = LayerTimer(model, counters=counters)
+        timer.attach()
+        t0 = time.perf_counter_ns()
+        model(torch.ones(1))
+        elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
+        timer.detach()
+        raw = timer.take()
+        got = _by_name(timer.results(raw))
+        assert counters.reads == 6 and raw.overhead_ns / 1e6 >= 6 * 2  # six reads of 2 ms
+        assert got["0"][1] == pytest.approx(model[0].took_ms, abs=0.5)
+        assert got["1"][1] == pytest.approx(model[1].took_ms, abs=0.5)
+        assert "(root)" not in got or got["(root)"][1] < 0.5
+        net_ms = elapsed_ms - raw.overhead_ns / 1e6
+        assert net_ms == pytest.approx(model[0].took_ms + model[1].took_ms, abs=1.0)
+
+    _in_a_quiet_attempt(check)
 
 
 def test_hooks_are_present_only_while_sampling() -> None:
