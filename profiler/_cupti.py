@@ -1,10 +1,17 @@
 """CUPTI kernel activity through cupti-python, attributed to layers by external correlation.
 
-While a sampling window is open the tracer enables two activity kinds: concurrent kernel
-records (name, start/end on the GPU clock, grid and block) and external correlation records
-(which of our ids was pushed when the CUDA API call that launched a kernel was made). Layers
-push an id on entry and pop it on exit (:class:`~profiler._gpu.CudaLayerEvents`), so every
-kernel maps, through its CUDA correlation id, to the innermost layer that launched it.
+While a sampling window is open the tracer enables concurrent kernel records (name, start/end
+on the GPU clock, grid and block), external correlation records (which of our ids was pushed
+when the CUDA API call that launched a kernel was made) and the runtime and driver API kinds:
+CUPTI writes an external correlation record only for an API call it records (seen on an H200
+with CUDA 13.0: with the kernel kinds alone, no correlation record ever came). The API
+records themselves are counted and dropped; so that there are few of them, every API but
+the kernel launches is switched off per callback id (``activity_enable_runtime_api`` /
+``activity_enable_driver_api``) each time the tracer opens: a sampled MiniLM call makes
+about 30 runtime calls per kernel (events, device and stream queries), and each would cost
+an API record and a correlation record. Layers push an id on entry and pop it on exit
+(:class:`~profiler._gpu.CudaLayerEvents`), so every kernel maps, through its CUDA
+correlation id, to the innermost layer that launched it.
 
 Enabling and disabling are cheap; delivering records is not, so records are only flushed
 (``activity_flush_all``) by the profiler's background thread when it resolves sampled calls,
@@ -89,6 +96,9 @@ class CuptiTracer:
         self.is_open = False
         self.dropped = 0
         self.records = 0
+        self.delivered: dict[int, int] = {}  # records CUPTI handed over, by activity kind
+        self.api_filter = "not opened yet"  # which API calls get records (see open())
+        self._api_switches: list[tuple[Any, int, int]] | None = None
         self.error: str | None = None
 
     # buffer callbacks (CUPTI's threads) ------------------------------------------------
@@ -97,6 +107,15 @@ class CuptiTracer:
         return BUFFER_BYTES, 0
 
     def _completed(self, activities: list[Any]) -> None:
+        # Runs on a CUPTI thread: an exception here would be lost, so it is kept in
+        # ``error`` (and the status) instead.
+        try:
+            self._parse(activities)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self.error = f"parsing CUPTI records failed: {type(exc).__name__}: {exc}"
+            log.warning("%s", self.error)
+
+    def _parse(self, activities: list[Any]) -> None:
         c = self._c
         kernels: list[Kernel] = []
         external: dict[int, int] = {}
@@ -104,6 +123,7 @@ class CuptiTracer:
         ext_kind = int(c.ActivityKind.EXTERNAL_CORRELATION)
         for a in activities:
             kind = int(a.kind)
+            self.delivered[kind] = self.delivered.get(kind, 0) + 1
             if kind == kernel_kind:
                 kernels.append(Kernel(
                     name=str(a.name),
@@ -135,9 +155,46 @@ class CuptiTracer:
         if not self._registered:
             c.activity_register_callbacks(self._requested, self._completed)
             self._registered = True
-        c.activity_enable(c.ActivityKind.EXTERNAL_CORRELATION)
-        c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+        for kind in self._kinds():
+            c.activity_enable(kind)
+        self.api_filter = self._launches_only()
         self.is_open = True
+
+    def _launches_only(self) -> str:
+        """Switch off the records of every runtime and driver API except kernel launches.
+        CUPTI forgets this when the API kinds are disabled (seen on an H200: applied once,
+        later windows recorded every API again), so it is applied at every open, from a list
+        built once (about 1 200 calls into CUPTI, a fraction of a millisecond). Says what it
+        did."""
+        c = self._c
+        if self._api_switches is None:
+            switches = []
+            tables = [
+                (getattr(c, "RuntimeApiTraceCbid", None) or getattr(c, "runtime_api_trace_cbid", None),
+                 c.activity_enable_runtime_api),
+                (getattr(c, "DriverApiTraceCbid", None) or getattr(c, "driver_api_trace_cbid", None),
+                 c.activity_enable_driver_api),
+            ]
+            for table, enable in tables:
+                if table is None:
+                    return "all API calls (this cupti-python has no callback-id tables)"
+                for name, cbid in table.__members__.items():
+                    if name.upper() in ("INVALID", "SIZE", "FORCE_INT"):
+                        continue
+                    launch = "launch" in name.lower() and "hostfunc" not in name.lower()
+                    switches.append((enable, int(cbid), int(launch)))
+            self._api_switches = switches
+        try:
+            for enable, cbid, on in self._api_switches:
+                enable(cbid, on)
+        except Exception as exc:  # noqa: BLE001 - older CUPTI: keep every API record
+            return f"all API calls (per-API switch refused: {type(exc).__name__}: {exc})"
+        kept = sum(on for _, _, on in self._api_switches)
+        return f"kernel launches only ({kept} launch APIs)"
+
+    def _kinds(self) -> list[Any]:
+        k = self._c.ActivityKind
+        return [k.RUNTIME, k.DRIVER, k.EXTERNAL_CORRELATION, k.CONCURRENT_KERNEL]
 
     def close(self) -> None:
         """Stop recording (the window ended); recorded kernels wait for :meth:`collect`."""
@@ -145,8 +202,8 @@ class CuptiTracer:
             return
         c = self._c
         self.is_open = False
-        c.activity_disable(c.ActivityKind.CONCURRENT_KERNEL)
-        c.activity_disable(c.ActivityKind.EXTERNAL_CORRELATION)
+        for kind in reversed(self._kinds()):
+            c.activity_disable(kind)
 
     def push(self, external_id: int) -> None:
         c = self._c
@@ -162,14 +219,22 @@ class CuptiTracer:
         """Flush CUPTI's buffers and return kernels by our external id (kernels nobody
         pushed an id for, e.g. another thread's, are left out). Background thread only."""
         self._c.activity_flush_all(1)
+        return self._take()
+
+    def _take(self) -> dict[int, list[Kernel]]:
+        """The kernels delivered so far, by our external id. A correlation record can come a
+        flush before its kernel's (the API call was recorded, the kernel still ran), so
+        unmatched ones are kept, the oldest dropped beyond ``MAX_RECORDS``."""
+        out: dict[int, list[Kernel]] = {}
         with self._lock:
             kernels, self._kernels = self._kernels, []
-            external, self._external = self._external, {}
-        out: dict[int, list[Kernel]] = {}
-        for k in kernels:
-            ext = external.get(k.correlation)
-            if ext is not None:
-                out.setdefault(ext, []).append(k)
+            external = self._external
+            for k in kernels:
+                ext = external.pop(k.correlation, None)
+                if ext is not None:
+                    out.setdefault(ext, []).append(k)
+            for stale in list(external)[: max(len(external) - MAX_RECORDS, 0)]:
+                del external[stale]
         return out
 
     def shutdown(self) -> None:

@@ -94,6 +94,78 @@ def test_kernels_are_attributed_to_the_layer_and_call_that_launched_them() -> No
     assert ((seq << EXT_SHIFT) | 4) & EXT_MASK == 4
 
 
+def _record(kind: Any, **fields: Any) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(kind=kind, **fields)
+
+
+def test_cupti_records_are_joined_to_kernels_by_correlation_id_across_flushes() -> None:
+    """The tracer's own parsing, with records shaped like cupti-python's (the fields an H200
+    delivered): API records are counted and dropped, a correlation record may come a flush
+    before its kernel, and a kernel nobody pushed an id for is left out."""
+    cupti = pytest.importorskip("cupti.cupti")
+    from profiler._cupti import CuptiTracer
+
+    kind = cupti.ActivityKind
+    tracer = CuptiTracer()
+
+    def kernel(name: str, corr: int) -> Any:
+        return _record(kind.CONCURRENT_KERNEL, name=name, start=1_000, end=3_000, grid_x=8,
+                       grid_y=1, grid_z=1, block_x=128, block_y=1, block_z=1,
+                       correlation_id=corr, stream_id=7)
+
+    ext = (5 << EXT_SHIFT) | 4
+    tracer._completed([
+        _record(kind.RUNTIME, correlation_id=41),
+        _record(kind.EXTERNAL_CORRELATION, correlation_id=41, external_id=ext, external_kind=3),
+        _record(kind.EXTERNAL_CORRELATION, correlation_id=42, external_id=ext + 1, external_kind=3),
+        kernel("gemm", 41),
+        kernel("other_thread", 99),
+    ])
+    first = tracer._take()
+    assert list(first) == [ext] and first[ext][0].name == "gemm"
+    assert first[ext][0].duration_ns == 2_000 and first[ext][0].grid == (8, 1, 1)
+    tracer._completed([kernel("relu", 42)])  # its correlation record came in the last flush
+    assert {e: [k.name for k in ks] for e, ks in tracer._take().items()} == {ext + 1: ["relu"]}
+    assert tracer.delivered == {int(kind.RUNTIME): 1, int(kind.EXTERNAL_CORRELATION): 2,
+                                int(kind.CONCURRENT_KERNEL): 3}
+    assert tracer.error is None
+    tracer._completed([_record(kind.CONCURRENT_KERNEL, name="broken")])  # fields missing
+    assert tracer.error is not None and "AttributeError" in tracer.error
+
+
+def test_cupti_records_only_kernel_launch_apis() -> None:
+    """The API records the tracer needs for correlation are kept to kernel launches (the
+    tables are cupti-python's own; only the switch calls are recorded here)."""
+    cupti = pytest.importorskip("cupti.cupti")
+    from types import SimpleNamespace
+
+    from profiler._cupti import CuptiTracer
+
+    switched: dict[str, dict[str, int]] = {"runtime": {}, "driver": {}}
+    runtime = getattr(cupti, "RuntimeApiTraceCbid", None) or cupti.runtime_api_trace_cbid
+    driver = getattr(cupti, "DriverApiTraceCbid", None) or cupti.driver_api_trace_cbid
+    names = {"runtime": {int(v): k for k, v in runtime.__members__.items()},
+             "driver": {int(v): k for k, v in driver.__members__.items()}}
+    tracer = CuptiTracer()
+    tracer._c = SimpleNamespace(
+        RuntimeApiTraceCbid=runtime, DriverApiTraceCbid=driver,
+        activity_enable_runtime_api=lambda cbid, on: switched["runtime"].__setitem__(names["runtime"][cbid], on),
+        activity_enable_driver_api=lambda cbid, on: switched["driver"].__setitem__(names["driver"][cbid], on),
+    )
+    assert tracer._launches_only().startswith("kernel launches only")
+    rt, drv = switched["runtime"], switched["driver"]
+    assert rt["cudaLaunchKernel_v7000"] == 1 and drv["cuLaunchKernel"] == 1
+    assert rt["cudaEventRecord_v3020"] == 0 and drv["cuCtxGetDevice"] == 0
+    assert drv["cuLaunchHostFunc"] == 0  # a host function launches no kernel
+    assert sum(rt.values()) + sum(drv.values()) < 40 < len(rt) + len(drv)
+    # CUPTI forgets the switches when the API kinds are disabled: they are set at every open
+    rt.clear()
+    tracer._launches_only()
+    assert rt["cudaLaunchKernel_v7000"] == 1 and rt["cudaEventRecord_v3020"] == 0
+
+
 def test_window_rows_carry_the_longest_kernels_of_each_layer() -> None:
     agg = WindowAggregator()
     k1 = ("gemm_a", 3_000_000, (8, 1, 1), (128, 1, 1))
