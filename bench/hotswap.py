@@ -120,6 +120,19 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
+def ratio_interval(swap: list[float], steady: list[float], resamples: int = 1000) -> tuple[float, float]:
+    """90% bootstrap interval of p99(swap) / p99(steady): how far one run's ratio can be
+    trusted on a machine whose tail moves with its neighbours' load."""
+    if len(swap) < 100 or len(steady) < 100:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(swap), np.asarray(steady)
+    ra = np.percentile(a[rng.integers(0, len(a), (resamples, len(a)))], 99, axis=1)
+    rb = np.percentile(b[rng.integers(0, len(b), (resamples, len(b)))], 99, axis=1)
+    low, high = np.percentile(ra / rb, [5, 95])
+    return float(low), float(high)
+
+
 def by_phase(clients: Clients, swaps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Latency of the requests that finished while a deployment was in each state (the
     deployment's own transitions mark the spans), to tell which step costs live traffic."""
@@ -226,6 +239,7 @@ def main() -> int:
         "first_failures": clients.failures[:3],
     }
     out["p99_ratio"] = out["swap_p99_ms"] / out["steady_p99_ms"]
+    out["p99_ratio_90ci"] = list(ratio_interval(swap_ms, steady_ms))
     out["by_phase"] = by_phase(clients, swaps)
     table = Table(title=f"hot-swap under load: MiniLM, {args.clients} clients, {len(swaps)} swaps")
     for col in ("phase", "requests", "failed", "p50 ms", "p99 ms"):
@@ -237,7 +251,8 @@ def main() -> int:
     table.add_row("all", str(out["requests"]), str(out["failed"]), "", "")
     console.print(table)
     console.print(
-        f"p99 during swaps / steady: {out['p99_ratio']:.2f}x · {out['swaps_active']}/{out['swaps']} swaps active · "
+        f"p99 during swaps / steady: {out['p99_ratio']:.2f}x (90% CI "
+        f"{out['p99_ratio_90ci'][0]:.2f}-{out['p99_ratio_90ci'][1]:.2f}) · {out['swaps_active']}/{out['swaps']} swaps active · "
         f"reference swap at most {out['swap_reference_ms_max']:.3f} ms · a deployment takes "
         f"{out['deploy_seconds_median']:.1f} s (verify + {args.canary_s:.0f} s canary)"
     )
