@@ -164,7 +164,7 @@ class CuptiTracer:
         """Switch off the records of every runtime and driver API except kernel launches.
         CUPTI forgets this when the API kinds are disabled (seen on an H200: applied once,
         later windows recorded every API again), so it is applied at every open, from a list
-        built once (about 1 200 calls into CUPTI, a fraction of a millisecond). Says what it
+        built once (about 1 500 calls into CUPTI, a fraction of a millisecond). Says what it
         did."""
         c = self._c
         if self._api_switches is None:
