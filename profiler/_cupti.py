@@ -95,7 +95,6 @@ class CuptiTracer:
         self._registered = False
         self.is_open = False
         self.dropped = 0
-        self.records = 0
         self.delivered: dict[int, int] = {}  # records CUPTI handed over, by activity kind
         self.api_filter = "not opened yet"  # which API calls get records (see open())
         self._api_switches: list[tuple[Any, int, int]] | None = None
@@ -143,7 +142,6 @@ class CuptiTracer:
                 kernels = kernels[: max(room, 0)]
             self._kernels.extend(kernels)
             self._external.update(external)
-            self.records += len(kernels)
 
     # window control (the profiler decides when) ----------------------------------------
 
@@ -233,8 +231,9 @@ class CuptiTracer:
                 ext = external.pop(k.correlation, None)
                 if ext is not None:
                     out.setdefault(ext, []).append(k)
-            for stale in list(external)[: max(len(external) - MAX_RECORDS, 0)]:
-                del external[stale]
+            if len(external) > MAX_RECORDS:
+                for stale in list(external)[: len(external) - MAX_RECORDS]:
+                    del external[stale]
         return out
 
     def shutdown(self) -> None:
