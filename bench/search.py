@@ -36,15 +36,15 @@ sys.path.insert(0, str(ROOT.parent))
 from compiler import Recipe, probe  # noqa: E402
 from compiler.fingerprint import fingerprint  # noqa: E402
 from pgc_daemon.policy import Policy  # noqa: E402
-from pgc_daemon.search.evaluate import Evaluator  # noqa: E402
-from pgc_daemon.search.prepare import (  # noqa: E402
+from pgc_daemon.optimizer.search.evaluate import Evaluator  # noqa: E402
+from pgc_daemon.optimizer.search.prepare import (  # noqa: E402
     _most_sensitive,
     measure_sensitivity,
     offline_profile,
     timing_inputs_for,
 )
-from pgc_daemon.search.space import Space, build_space  # noqa: E402
-from pgc_daemon.search.study import Search, TrialRecord, prune_threshold  # noqa: E402
+from pgc_daemon.optimizer.search.space import Space, build_space  # noqa: E402
+from pgc_daemon.optimizer.search.study import Search, TrialRecord, prune_threshold  # noqa: E402
 
 TARGET = 1.05  # within 5% of the best feasible latency
 CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt")

@@ -4,7 +4,7 @@ with ONNX Runtime int8 per-channel as a peer measured in the same run.
 
     python bench/variants.py [--json] [--threads N] [--quick]
 
-Every ratio is measured interleaved with fp32 eager in this process (``pgc_daemon.search.
+Every ratio is measured interleaved with fp32 eager in this process (``pgc_daemon.optimizer.search.
 measure.interleaved``: short blocks in random order, median of block ratios), so load from
 other processes hits both arms. MiniLM fidelity is the mean cosine of sentence embeddings
 against fp32 on held-out sentences (not the calibration ones); the CNN's is test accuracy.
@@ -38,7 +38,7 @@ from compiler import (
     sensitivity,
     warm,
 )
-from pgc_daemon.search.measure import interleaved
+from pgc_daemon.optimizer.search.measure import interleaved
 
 STARTED = time.monotonic()
 

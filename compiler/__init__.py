@@ -1,50 +1,80 @@
 """pgc's compiler: recipes (what a variant is), ``build`` (making one), the compile cache, and
-per-layer sensitivity."""
+per-layer sensitivity.
 
-from compiler import _quiet  # noqa: F401 - first: before anything imports torchao
+The errors load at once; everything else on first use (PEP 562), so a process that only needs
+to name a compiler error (the CLI's error handling, ``pgc --help``) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from compiler._errors import BuildError, CompilerError, RecipeError
-from compiler._registry import BuildReport, Example, register_transform, registered_parts
-from compiler.build import BuiltVariant, build, run, warm
-from compiler.cache import CacheKey, CompileCache, cache_key
-from compiler.fidelity import METRICS, choose_metric, compare, fidelity
-from compiler.fingerprint import fingerprint
-from compiler.hardware import Hardware, probe
-from compiler.parts import Fusion, Kernels, Layout, Partition, ShapeBuckets
-from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
-from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
 
-__all__ = [
-    "METRICS",
-    "Backend",
-    "BuildError",
-    "BuildReport",
-    "BuiltVariant",
-    "CacheKey",
-    "CompileCache",
-    "CompilerError",
-    "Example",
-    "Fusion",
-    "Hardware",
-    "Kernels",
-    "LayerQuant",
-    "LayerSensitivity",
-    "Layout",
-    "Partition",
-    "Quantization",
-    "Recipe",
-    "RecipeError",
-    "SensitivityReport",
-    "ShapeBuckets",
-    "build",
-    "cache_key",
-    "choose_metric",
-    "compare",
-    "fidelity",
-    "fingerprint",
-    "probe",
-    "register_transform",
-    "registered_parts",
-    "run",
-    "sensitivity",
-    "warm",
-]
+if TYPE_CHECKING:
+    from compiler._registry import BuildReport, Example, register_transform, registered_parts
+    from compiler.build import BuiltVariant, build, run, warm
+    from compiler.cache import CacheKey, CompileCache, cache_key
+    from compiler.fidelity import METRICS, choose_metric, compare, fidelity
+    from compiler.fingerprint import fingerprint
+    from compiler.hardware import Hardware, probe
+    from compiler.parts import Fusion, Kernels, Layout, Partition, ShapeBuckets
+    from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
+    from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
+
+_LAZY: dict[str, str] = {
+    "BuildReport": "compiler._registry",
+    "Example": "compiler._registry",
+    "register_transform": "compiler._registry",
+    "registered_parts": "compiler._registry",
+    "BuiltVariant": "compiler.build",
+    "build": "compiler.build",
+    "run": "compiler.build",
+    "warm": "compiler.build",
+    "CacheKey": "compiler.cache",
+    "CompileCache": "compiler.cache",
+    "cache_key": "compiler.cache",
+    "METRICS": "compiler.fidelity",
+    "choose_metric": "compiler.fidelity",
+    "compare": "compiler.fidelity",
+    "fidelity": "compiler.fidelity",
+    "fingerprint": "compiler.fingerprint",
+    "Hardware": "compiler.hardware",
+    "probe": "compiler.hardware",
+    "Fusion": "compiler.parts",
+    "Kernels": "compiler.parts",
+    "Layout": "compiler.parts",
+    "Partition": "compiler.parts",
+    "ShapeBuckets": "compiler.parts",
+    "Backend": "compiler.recipe",
+    "LayerQuant": "compiler.recipe",
+    "Quantization": "compiler.recipe",
+    "Recipe": "compiler.recipe",
+    "LayerSensitivity": "compiler.sensitivity",
+    "SensitivityReport": "compiler.sensitivity",
+    "sensitivity": "compiler.sensitivity",
+}
+
+__all__ = sorted([*_LAZY, "BuildError", "CompilerError", "RecipeError"])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'compiler' has no attribute {name!r}")
+    _load()
+    return globals()[name]
+
+
+def _load() -> None:
+    """Import every submodule, then bind the public names. All at once, because some names are
+    also submodules (``build``, ``fidelity``, ``fingerprint``, ``sensitivity``): importing a
+    submodule binds the module to the package's attribute, and the function must win."""
+    importlib.import_module("compiler._quiet")  # first: before anything imports torchao
+    modules = {m: importlib.import_module(m) for m in set(_LAZY.values())}
+    for attr, module in _LAZY.items():
+        globals()[attr] = getattr(modules[module], attr)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -24,6 +24,14 @@ class SearchError(PgcError, RuntimeError):
     """A search could not run (no inputs, no spec, a worker died)."""
 
 
+class DeployFailed(PgcError, RuntimeError):
+    """A step of a deployment failed; the message is the recorded reason."""
+
+
+class UsageError(PgcError, ValueError):
+    """Bad command-line input (exit code 2)."""
+
+
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (PgcError, CompilerError, StoreError)
 
 

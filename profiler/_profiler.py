@@ -1,6 +1,6 @@
 """The live profiler of one served model.
 
-Contract with the serving path (see ``pgc_daemon.agent``): ``begin`` and ``end`` bracket every
+Contract with the serving path (see ``pgc_daemon.agent.served``): ``begin`` and ``end`` bracket every
 call and never raise. For an unsampled call ``begin`` is a counter and a modulo, and ``end``
 is a shape key and one locked update of the window. At most one call per profiler is sampled
 at a time; its hooks record raw timings only, and turning them into layer rows (and, on a

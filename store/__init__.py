@@ -4,6 +4,7 @@ deployments in SQLite (one file) or PostgreSQL (a fleet), through SQLAlchemy 2.0
 from store import repo
 from store._engine import DEFAULT_URL, Store, open_store
 from store._errors import NotFound, StoreConfigError, StoreConflict, StoreError, StoreUnavailable
+from store._states import RUN_FINISHED, RUN_OPEN, DeploymentState, RunState
 from store._schema import (
     Deployment,
     Event,
@@ -19,6 +20,10 @@ from store._schema import (
 )
 
 __all__ = [
+    "RUN_FINISHED",
+    "RUN_OPEN",
+    "DeploymentState",
+    "RunState",
     "DEFAULT_URL",
     "Deployment",
     "Event",

@@ -8,7 +8,7 @@ after the session ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -408,24 +408,6 @@ def list_trials(
 
 # --------------------------------------------------------------------------- deployments
 
-#: The deployment state machine. ``superseded`` ends an active deployment that a later one
-#: replaced; ``rolled_back`` ends one that pgc (or a person) reverted.
-TRANSITIONS: dict[str | None, frozenset[str]] = {
-    None: frozenset({"candidate"}),
-    "candidate": frozenset({"building", "active", "failed"}),
-    "building": frozenset({"warming", "failed"}),
-    "warming": frozenset({"verifying", "failed"}),
-    "verifying": frozenset({"canary", "active", "failed"}),
-    "canary": frozenset({"active", "rolled_back", "failed"}),
-    "active": frozenset({"superseded", "rolled_back"}),
-    "failed": frozenset(),
-    "rolled_back": frozenset(),
-    "superseded": frozenset(),
-}
-TERMINAL = frozenset(k for k, v in TRANSITIONS.items() if k is not None and not v)
-IN_FLIGHT = frozenset({"building", "warming", "verifying", "canary"})
-
-
 def create_deployment(
     s: Session,
     model_id: int,
@@ -455,24 +437,44 @@ def create_deployment(
 
 
 def transition(
-    s: Session, deployment_id: int, to_state: str, reason: str, **fields: Any
+    s: Session,
+    deployment_id: int,
+    to_state: str,
+    reason: str,
+    *,
+    expected: Collection[str],
+    **fields: Any,
 ) -> Deployment:
-    """Move a deployment to ``to_state``; illegal moves raise :class:`StoreConflict`."""
-    dep = s.get(Deployment, deployment_id)
-    if dep is None:
+    """Move a deployment to ``to_state`` if, at this moment, it is in one of ``expected``: a
+    compare-and-set (``UPDATE … WHERE state IN expected``), so of two transactions racing for
+    one deployment exactly one moves it. The other gets :class:`StoreConflict`."""
+    current = s.scalar(select(Deployment.state).where(Deployment.id == deployment_id))
+    if current is None:
         raise NotFound(f"no deployment {deployment_id}")
-    if to_state not in TRANSITIONS.get(dep.state, frozenset()):
-        raise StoreConflict(f"deployment {deployment_id} cannot go from {dep.state} to {to_state}")
+    if current not in {str(e) for e in expected}:
+        raise StoreConflict(f"deployment {deployment_id} cannot go from {current} to {to_state}")
     now = time.time()
-    dep.transitions.append(
-        Transition(from_state=dep.state, to_state=to_state, reason=reason, at=now)
+    values = {"state": str(to_state), "reason": reason, "updated_at": now, **fields}
+    result = s.execute(
+        update(Deployment)
+        .where(Deployment.id == deployment_id, Deployment.state == current)
+        .values(**values)
+        .execution_options(synchronize_session=False)
     )
-    dep.state = to_state
-    dep.reason = reason
-    dep.updated_at = now
-    for key, value in fields.items():
-        setattr(dep, key, value)
+    if result.rowcount != 1:  # another transaction moved it between the read and the write
+        raise StoreConflict(f"deployment {deployment_id} was moved from {current} meanwhile")
+    s.add(
+        Transition(
+            deployment_id=deployment_id,
+            from_state=current,
+            to_state=str(to_state),
+            reason=reason,
+            at=now,
+        )
+    )
     s.flush()
+    dep = get_deployment(s, deployment_id)
+    s.refresh(dep)
     return dep
 
 

@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 import store as st
 from pgc_daemon.api import errors, routes_deployments, routes_health, routes_models, routes_search
 from pgc_daemon.api.metrics import make_registry
-from pgc_daemon.daemon import Daemon
+from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.settings import Settings
 
 VERSION = "0.1.0"

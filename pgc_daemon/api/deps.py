@@ -9,7 +9,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 import store as st
-from pgc_daemon.daemon import Daemon
+from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False)

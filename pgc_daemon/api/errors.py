@@ -15,7 +15,7 @@ import store as st
 from compiler import CompilerError
 from pgc_daemon.api.schemas import ErrorBody, ValidationErrorBody
 from pgc_daemon.errors import PgcError, SearchError
-from pgc_daemon.operations import Conflict
+from pgc_daemon.services.deployments import Conflict
 
 Responses = dict[int | str, dict[str, Any]]
 

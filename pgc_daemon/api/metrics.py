@@ -26,8 +26,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 import store as st
+from pgc_daemon import states
 from pgc_daemon.policy import Policy
-from pgc_daemon.status import baseline_variant, deployment_outcomes, latency_summary
+from pgc_daemon.services.queries import baseline_variant, deployment_outcomes, latency_summary
 from profiler import LATENCY_BUCKETS_MS
 
 WINDOW_S = 300.0
@@ -318,7 +319,7 @@ class StoreCollector(Collector):
                 outcomes[o] += 1
         for o, n in outcomes.items():
             f.deployments.add_metric([name, o], n)
-        f.in_flight.add_metric([name], sum(d.state == "candidate" or d.state in st.repo.IN_FLIGHT for d in deps))
+        f.in_flight.add_metric([name], sum(d.state in states.OPEN for d in deps))
         active = next((d for d in deps if d.state == "active"), None)
         if active is not None:
             f.active.add_metric([*vlabels(active.variant_id), active.source], 1.0)

@@ -11,7 +11,7 @@ from pgc_daemon.api.deps import StoreDep, TokenDep
 from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
 from pgc_daemon.api.schemas import DeploymentPublic, DeployRequest, RollbackRequest
-from pgc_daemon.operations import request_deploy, request_rollback
+from pgc_daemon.services.deployments import request_deploy, request_rollback
 
 router = APIRouter(prefix="/api/models", tags=["deployments"], responses=RESPONSES_503)
 

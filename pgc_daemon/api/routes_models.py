@@ -20,7 +20,7 @@ from pgc_daemon.api.schemas import (
     TimelinePublic,
 )
 from pgc_daemon.policy import Policy
-from pgc_daemon.status import model_summary, profile_summary, timeline_summary
+from pgc_daemon.services.queries import model_summary, profile_summary, timeline_summary
 
 router = APIRouter(prefix="/api/models", tags=["models"], responses=RESPONSES_503)
 

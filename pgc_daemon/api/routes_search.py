@@ -19,7 +19,7 @@ from pgc_daemon.api.schemas import (
     TrialPublic,
 )
 from pgc_daemon.policy import Policy
-from pgc_daemon.status import search_summary
+from pgc_daemon.services.queries import search_summary
 
 router = APIRouter(prefix="/api/models", tags=["search"], responses=RESPONSES_503)
 

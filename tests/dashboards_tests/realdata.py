@@ -15,7 +15,7 @@ from pathlib import Path
 
 import store as st
 from pgc_daemon import attach
-from pgc_daemon.daemon import Daemon
+from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.settings import Settings
 from tests.pgc_daemon_tests.helpers import Load, wait_for
 

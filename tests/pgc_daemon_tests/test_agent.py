@@ -12,7 +12,7 @@ import store as st
 from compiler import Backend, Quantization, Recipe
 from pgc_daemon import attach
 from pgc_daemon.settings import Settings
-from pgc_daemon.slot import Slot
+from pgc_daemon.agent.slot import Slot
 
 from .helpers import Load, deploy, deployment_state, wait_for
 
@@ -195,7 +195,7 @@ def test_calls_during_torch_fx_tracing_in_another_thread_are_served(mlp_spec: di
     import threading
     import time
 
-    from pgc_daemon.agent import _tracing_now
+    from pgc_daemon.agent.served import _tracing_now
 
     served = _attach(mlp_spec, settings)
     x = _inputs(mlp_spec)[0]

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import store as st
+from pgc_daemon import states
 from compiler import Backend, Quantization, Recipe
 from pgc_daemon.api import create_app
 from pgc_daemon.settings import Settings
@@ -26,7 +27,7 @@ def populated(store: st.Store) -> st.Store:
         fast = st.repo.get_or_create_variant(s, m.id, INT8.hash, INT8.to_dict(), INT8.label())
         st.repo.put_policy(s, m.id, {"max_accuracy_drop": 0.01})
         d0 = st.repo.create_deployment(s, m.id, base.id, source="attach", reason="attached")
-        st.repo.transition(s, d0.id, "active", "base")
+        states.move(s, d0.id, "active", "base")
         st.repo.add_request_stats(s, [dict(
             model_id=m.id, variant_id=base.id, window_start=now - 100, window_end=now - 90,
             shape_bucket="b1 s128", count=100, mean_ms=20, p50_ms=20, p95_ms=25, p99_ms=30,
@@ -44,9 +45,9 @@ def populated(store: st.Store) -> st.Store:
         d1 = st.repo.create_deployment(s, m.id, fast.id, source="search", reason="found",
                                        expected_speedup=2.5, expected_fidelity=0.996)
         for state in ("building", "warming", "verifying", "canary"):
-            st.repo.transition(s, d1.id, state, state)
-        st.repo.transition(s, d0.id, "superseded", "replaced")
-        st.repo.transition(s, d1.id, "active", "ok", previous_variant_id=base.id)
+            states.move(s, d1.id, state, state)
+        states.move(s, d0.id, "superseded", "replaced")
+        states.move(s, d1.id, "active", "ok", previous_variant_id=base.id)
         st.repo.add_request_stats(s, [dict(
             model_id=m.id, variant_id=fast.id, window_start=time.time() + 1, window_end=time.time() + 11,
             shape_bucket="b1 s128", count=50, mean_ms=8, p50_ms=8, p95_ms=9, p99_ms=10,

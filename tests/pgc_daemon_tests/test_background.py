@@ -13,8 +13,8 @@ import torch
 
 from pgc_daemon import attach
 from pgc_daemon.settings import Settings
-from pgc_daemon.swapper import _one_thread, _short_gil_turns
-from pgc_daemon.yielding import YieldToRequests
+from pgc_daemon.agent.swapper import _one_thread, _short_gil_turns
+from pgc_daemon.agent.yielding import YieldToRequests
 
 from .helpers import wait_for
 

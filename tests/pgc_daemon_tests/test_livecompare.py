@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pgc_daemon.livecompare import compare, trimmed_mean
+from pgc_daemon.agent.livecompare import compare, trimmed_mean
 
 
 def _bimodal(rng: np.random.Generator, n: int, fast: float, share_slow: float) -> list[float]:

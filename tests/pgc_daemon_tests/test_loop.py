@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 import store as st
 from pgc_daemon import attach
 from pgc_daemon.api import create_app
-from pgc_daemon.daemon import Daemon
+from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.settings import Settings
 
 from .helpers import Load, wait_for

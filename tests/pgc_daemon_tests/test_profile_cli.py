@@ -15,7 +15,7 @@ import torch
 
 from compiler import probe
 from pgc_daemon.cli import run
-from pgc_daemon.commands.doctor import compatibility
+from pgc_daemon.cli.doctor import compatibility
 
 FFN = (".intermediate.dense", ".output.dense")
 

@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 import store as st
+from pgc_daemon import states
 from compiler import Quantization, Recipe
 from pgc_daemon import attach
 from pgc_daemon.policy import Policy
 from pgc_daemon.settings import Settings
-from pgc_daemon.slot import Slot
+from pgc_daemon.agent.slot import Slot
 
 from .helpers import Load, deployment_state, wait_for
 
@@ -50,7 +51,7 @@ def _candidate(store: st.Store) -> int:
         v = st.repo.get_or_create_variant(s, m.id, recipe.hash, recipe.to_dict(), "slowed")
         dep = st.repo.create_deployment(s, m.id, v.id, source="manual", reason="test").id
         for state in ("building", "warming", "verifying"):
-            st.repo.transition(s, dep, state, "built by the test")
+            states.move(s, dep, state, "built by the test")
     return dep
 
 

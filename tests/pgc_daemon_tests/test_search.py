@@ -10,8 +10,8 @@ import torch
 
 from compiler import Recipe
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.prepare import make_search, offline_profile, timing_inputs_for
-from pgc_daemon.search.study import TrialRecord, pareto_front, pick, shape_signature, study_name
+from pgc_daemon.optimizer.search.prepare import make_search, offline_profile, timing_inputs_for
+from pgc_daemon.optimizer.search.study import TrialRecord, pareto_front, pick, shape_signature, study_name
 
 
 def _rec(label: str, ratio: float, drop: float, feasible: bool = True) -> TrialRecord:
@@ -94,7 +94,7 @@ def test_a_resumed_study_gives_the_store_the_trials_it_lacks(store: Any) -> None
     """A store started afresh beside a kept Optuna storage (or a worker killed between Optuna's
     tell and pgc's record) still shows every finished trial of the study it resumes, once."""
     import store as st
-    from pgc_daemon.search.runner import record_resumed, record_trial
+    from pgc_daemon.optimizer.search.runner import record_resumed, record_trial
 
     def rec(number: int, recipe: Recipe, speedup: float) -> TrialRecord:
         return TrialRecord(number=number, state="complete", params={}, recipe=recipe.to_dict(),

@@ -13,8 +13,8 @@ from pgc_daemon.errors import PolicyError, SpecError
 from pgc_daemon.modelspec import as_examples, load_spec
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir
-from pgc_daemon.search.measure import interleaved
-from pgc_daemon.search.space import build_space, hot_layers
+from pgc_daemon.optimizer.search.measure import interleaved
+from pgc_daemon.optimizer.search.space import build_space, hot_layers
 
 # ---------------------------------------------------------------- policy
 
@@ -168,7 +168,7 @@ def _report(rows: list[tuple[str, str, float | None, str]]) -> SensitivityReport
 
 
 def test_sensitivity_picks_the_hot_layers_and_prunes_their_choices(mlp_spec: dict) -> None:
-    from pgc_daemon.search.space import build_space
+    from pgc_daemon.optimizer.search.space import build_space
 
     hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
     profile = [{"layer": "net.3", "share": 0.5}, {"layer": "net.1", "share": 0.3}, {"layer": "net.5", "share": 0.2}]
@@ -200,7 +200,7 @@ def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_tra
     mlp_spec: dict, cnn_spec: dict
 ) -> None:
     from compiler import Fusion, Layout, ShapeBuckets
-    from pgc_daemon.search.space import build_space, live_buckets
+    from pgc_daemon.optimizer.search.space import build_space, live_buckets
 
     hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
     cnn = build_space(cnn_spec["model"], [], hw)

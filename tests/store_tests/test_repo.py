@@ -93,39 +93,42 @@ def test_layer_profile_aggregates_windows_hottest_first(any_store: st.Store) -> 
         assert [r["layer"] for r in repo.layer_profile(s, mid, since=15)] == ["a"]
 
 
-def test_deployment_state_machine_records_every_transition(any_store: st.Store) -> None:
+def test_transitions_are_recorded_in_order(any_store: st.Store) -> None:
     mid = _model(any_store)
+    path = ["candidate", "building", "warming", "verifying", "canary", "active"]
     with any_store.session() as s:
         v = repo.get_or_create_variant(s, mid, "h", {}, "int8").id
         dep = repo.create_deployment(s, mid, v, source="search", reason="found it")
-        for state in ("building", "warming", "verifying", "canary", "active"):
-            repo.transition(s, dep.id, state, f"now {state}")
+        for before, state in zip(path, path[1:]):
+            repo.transition(s, dep.id, state, f"now {state}", expected={before})
         assert repo.active_deployment(s, mid).id == dep.id
     with any_store.session() as s:
         full = repo.get_deployment(s, dep.id)
-        assert [t.to_state for t in full.transitions] == [
-            "candidate", "building", "warming", "verifying", "canary", "active"
-        ]
-        assert full.transitions[0].from_state is None
+        assert [t.to_state for t in full.transitions] == path
+        assert [t.from_state for t in full.transitions] == [None, *path[:-1]]
         assert all(a.at <= b.at for a, b in zip(full.transitions, full.transitions[1:]))
 
 
-@pytest.mark.parametrize("path", [["active"], ["building", "canary"], ["failed", "building"]])
-def test_illegal_transitions_are_refused(any_store: st.Store, path: list[str]) -> None:
+def test_a_transition_is_a_compare_and_set(any_store: st.Store) -> None:
+    """A move from a state the deployment is not in is refused and leaves nothing behind; of
+    two sessions that both read ``candidate``, only the first to write moves it."""
     mid = _model(any_store)
     with any_store.session() as s:
-        dep = repo.create_deployment(s, mid, None, source="manual", reason="x")
-        dep_id = dep.id
+        dep_id = repo.create_deployment(s, mid, None, source="manual", reason="x").id
     with pytest.raises(st.StoreConflict):
         with any_store.session() as s:
-            for state in path:
-                if state == "active" and path == ["active"]:
-                    repo.transition(s, dep_id, "building", "ok")
-                    repo.transition(s, dep_id, "active", "skips warming")
-                else:
-                    repo.transition(s, dep_id, state, "x")
+            repo.transition(s, dep_id, "building", "ok", expected={"candidate"})
+            repo.transition(s, dep_id, "active", "skips warming", expected={"candidate"})
     with any_store.session() as s:  # the failed transaction left nothing behind
         assert repo.get_deployment(s, dep_id).state == "candidate"
+        assert len(repo.get_deployment(s, dep_id).transitions) == 1
+    with any_store.session() as s:
+        repo.transition(s, dep_id, "building", "first", expected={"candidate"})
+    with pytest.raises(st.StoreConflict):
+        with any_store.session() as s:
+            repo.transition(s, dep_id, "cancelled", "second", expected={"candidate"})
+    with any_store.session() as s:
+        assert repo.get_deployment(s, dep_id).state == "building"
 
 
 def test_search_runs_and_trials(any_store: st.Store) -> None:

@@ -24,9 +24,9 @@ from torch import nn
 
 from compiler import BuildError, CompileCache, Example, Recipe, build, warm
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.evaluate import Evaluator
-from pgc_daemon.search.measure import interleaved
-from pgc_daemon.search.space import Space
+from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.measure import interleaved
+from pgc_daemon.optimizer.search.space import Space
 
 log = logging.getLogger("pgc.search")
 optuna.logging.set_verbosity(optuna.logging.WARNING)

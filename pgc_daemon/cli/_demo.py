@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import store as st
-from pgc_daemon.agent import attach
-from pgc_daemon.daemon import Daemon
+from pgc_daemon import states
+from pgc_daemon.agent.served import attach
+from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.policy import Policy
 from pgc_daemon.settings import Settings
-from pgc_daemon.status import model_summary, profile_summary
+from pgc_daemon.services.queries import model_summary, profile_summary
 
 log = logging.getLogger("pgc.demo")
 
@@ -94,7 +95,7 @@ def _phase(s: Any, model: st.Model, served: Any) -> tuple[str, bool, bool]:
     search = summary["search"]
     active = summary["active"]
     deps = st.repo.list_deployments(s, model.id, limit=5)
-    inflight = next((d for d in deps if d.state in ("candidate", *st.repo.IN_FLIGHT)), None)
+    inflight = next((d for d in deps if d.state in states.OPEN), None)
     if inflight is not None:
         return f"deploying: {inflight.state} ({inflight.reason})", False, False
     if active is not None and not active["is_baseline"]:

@@ -23,8 +23,8 @@ from typing import Any
 import store as st
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.study import shape_signature, study_name
-from pgc_daemon.status import busy_intervals
+from pgc_daemon.optimizer.search.study import shape_signature, study_name
+from pgc_daemon.services.queries import busy_intervals
 from pgc_daemon.settings import Settings
 
 log = logging.getLogger("pgc.daemon")
@@ -270,7 +270,7 @@ class Daemon:
         )
         with open(log_path, "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "pgc_daemon.search.worker", "--run-id", str(run_id)],
+                [sys.executable, "-m", "pgc_daemon.optimizer.search.worker", "--run-id", str(run_id)],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=env,

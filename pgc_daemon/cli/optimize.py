@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from pgc_daemon.commands._base import UsageError
+from pgc_daemon.cli._base import UsageError
 
 ORDER = 40
 EXIT_INFEASIBLE = 3
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pgc_daemon.errors import PolicyError
     from pgc_daemon.policy import Policy
-    from pgc_daemon.search.offline import optimize
+    from pgc_daemon.optimizer.search.offline import optimize
 
     if args.trials < 1:
         raise UsageError("--trials must be at least 1")

@@ -1,17 +1,30 @@
-"""The ``pgc`` command: a thin layer over the library. Errors become one readable line on
+"""The ``pgc`` command: a thin layer over the library, one module per command in this package
+(each public module has ``register(subparsers)``, which sets ``func``, and an ``ORDER`` for
+``pgc --help``). Errors become one readable line on
 stderr and an exit code (1: the work failed, 2: bad usage or input, 130: interrupted)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
-from pgc_daemon.commands import discover
-from pgc_daemon.commands._base import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from pgc_daemon.cli._base import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from pgc_daemon.errors import KNOWN_ERRORS, describe
+
+
+def discover() -> list[ModuleType]:
+    modules = [
+        importlib.import_module(f"{__name__}.{info.name}")
+        for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_")
+    ]
+    return sorted(modules, key=lambda m: (getattr(m, "ORDER", 100), m.__name__))
 
 
 def build_parser() -> argparse.ArgumentParser:

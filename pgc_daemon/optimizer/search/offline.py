@@ -11,8 +11,8 @@ from typing import Any
 from compiler import fingerprint, probe
 from pgc_daemon.modelspec import load_spec
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.prepare import make_search, measure_sensitivity, offline_profile
-from pgc_daemon.search.study import SearchResult, TrialRecord, study_name
+from pgc_daemon.optimizer.search.prepare import make_search, measure_sensitivity, offline_profile
+from pgc_daemon.optimizer.search.study import SearchResult, TrialRecord, study_name
 
 METRIC_REASONS = {
     "cosine": "mean cosine of output vectors (L2-normalized rows look like embeddings)",

@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 import store as st
+from pgc_daemon import states
 from compiler import BuiltVariant, CompileCache, Recipe, build, fidelity, warm
-from pgc_daemon.errors import describe
-from pgc_daemon.livecompare import compare as compare_live
-from pgc_daemon.slot import Slot
-from pgc_daemon.yielding import YieldToRequests
+from pgc_daemon.errors import DeployFailed, describe
+from pgc_daemon.agent.livecompare import compare as compare_live
+from pgc_daemon.agent.slot import Slot
+from pgc_daemon.agent.yielding import YieldToRequests
 from profiler import shape_key
 
 if TYPE_CHECKING:
-    from pgc_daemon.agent import ServedModel
+    from pgc_daemon.agent.served import ServedModel
 
 log = logging.getLogger("pgc.swapper")
 T = TypeVar("T")
@@ -56,10 +57,6 @@ REFS_MAX_AGE_S = 600.0
 #: variant compiles, and a compiled one (its Python wrapper calls ~100 kernels) 2-3x longer
 #: while the swapper records transitions. At 0.1 ms that wait is small.
 SWITCH_INTERVAL_S = 1e-4
-
-
-class DeployFailed(Exception):
-    """A step of a deployment failed; the message is the recorded reason."""
 
 
 class Swapper:
@@ -144,11 +141,11 @@ class Swapper:
         served.swap(served.base_slot())
         with served.store().session() as sess:
             if slot.deployment_id is not None:
-                st.repo.transition(sess, slot.deployment_id, "rolled_back", reason)
+                states.move(sess, slot.deployment_id, "rolled_back", reason)
             dep = st.repo.create_deployment(
                 sess, served.model_id, served.baseline_variant_id, source="rollback", reason=reason
             )
-            st.repo.transition(sess, dep.id, "active", "base module restored")
+            states.move(sess, dep.id, "active", "base module restored")
             st.repo.add_event(sess, served.model_id, "rollback", reason, level="warning")
         served.swap(served.base_slot(dep.id))
 
@@ -156,7 +153,7 @@ class Swapper:
 
     def _transition(self, dep_id: int, state: str, reason: str, **fields: Any) -> None:
         with self.served.store().session() as sess:
-            st.repo.transition(sess, dep_id, state, reason, **fields)
+            states.move(sess, dep_id, state, reason, **fields)
 
     def _deploy(self, dep_id: int) -> None:
         served = self.served
@@ -254,8 +251,8 @@ class Swapper:
                 prev = st.repo.get_deployment(sess, previous.deployment_id)
                 if prev.state == "active":
                     end = "rolled_back" if source == "rollback" else "superseded"
-                    st.repo.transition(sess, prev.id, end, f"replaced by {label}")
-            st.repo.transition(
+                    states.move(sess, prev.id, end, f"replaced by {label}")
+            states.move(
                 sess,
                 dep_id,
                 "active",
@@ -300,8 +297,8 @@ class Swapper:
             if current.deployment_id is not None:
                 cur = st.repo.get_deployment(sess, current.deployment_id)
                 if cur.state == "active":
-                    st.repo.transition(sess, cur.id, "rolled_back", "rolled back on request")
-            st.repo.transition(
+                    states.move(sess, cur.id, "rolled_back", "rolled back on request")
+            states.move(
                 sess,
                 dep_id,
                 "active",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pgc_daemon.commands._base import EXIT_FAILED, UsageError, add_store_option, settings_from
+from pgc_daemon.cli._base import EXIT_FAILED, UsageError, add_store_option, settings_from
 
 ORDER = 10
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pgc_daemon.demo import DemoOptions, run_demo
+    from pgc_daemon.cli._demo import DemoOptions, run_demo
 
     settings = settings_from(args).model_copy(
         update={"window_s": 5.0, "sample_every": 20, "min_profile_calls": 200, "poll_s": 1.0}

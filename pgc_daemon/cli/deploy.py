@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pgc_daemon.commands._base import EXIT_FAILED, UsageError, add_store_option, settings_from
+from pgc_daemon.cli._base import EXIT_FAILED, UsageError, add_store_option, settings_from
 
 ORDER = 50
 TERMINAL = ("active", "failed", "rolled_back", "superseded")
@@ -83,7 +83,7 @@ def _finish(args: argparse.Namespace, store: Any, dep_id: int) -> int:
 
 def run_deploy(args: argparse.Namespace) -> int:
     import store as st
-    from pgc_daemon.operations import request_deploy
+    from pgc_daemon.services.deployments import request_deploy
 
     store = st.open_store(settings_from(args).store_url)
     recipe = _recipe(args.recipe) if args.recipe else None
@@ -95,7 +95,7 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 def run_rollback(args: argparse.Namespace) -> int:
     import store as st
-    from pgc_daemon.operations import request_rollback
+    from pgc_daemon.services.deployments import request_rollback
 
     store = st.open_store(settings_from(args).store_url)
     with store.session() as s:

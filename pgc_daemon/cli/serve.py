@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pgc_daemon.commands._base import EXIT_FAILED, add_store_option, settings_from
+from pgc_daemon.cli._base import EXIT_FAILED, add_store_option, settings_from
 
 ORDER = 20
 

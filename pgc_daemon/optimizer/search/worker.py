@@ -1,4 +1,4 @@
-"""Search worker process: ``python -m pgc_daemon.search.worker --run-id N``.
+"""Search worker process: ``python -m pgc_daemon.optimizer.search.worker --run-id N``.
 
 Runs one search run outside the API and serving processes (its own GIL and threads), reads
 settings from ``PGC_*`` like every pgc process, and leaves its outcome in the store.
@@ -14,7 +14,7 @@ import traceback
 
 import store as st
 from pgc_daemon.errors import describe
-from pgc_daemon.search.runner import run_live_search
+from pgc_daemon.optimizer.search.runner import run_live_search
 from pgc_daemon.settings import Settings
 
 

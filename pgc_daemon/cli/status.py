@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pgc_daemon.commands._base import add_store_option, settings_from
+from pgc_daemon.cli._base import add_store_option, settings_from
 
 ORDER = 30
 
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     import store as st
-    from pgc_daemon.status import model_summary
+    from pgc_daemon.services.queries import model_summary
 
     store = st.open_store(settings_from(args).store_url)
     with store.session() as s:

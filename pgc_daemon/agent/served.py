@@ -10,7 +10,7 @@ Request-path contract (``ServedModel.__call__``):
 - an exception from the user's own module is the user's: it is re-raised unchanged.
 
 Everything slow (registration, export, build, warm-up, verification, canary) runs on
-background threads: the profiler's exporter and the :class:`~pgc_daemon.swapper.Swapper`.
+background threads: the profiler's exporter and the :class:`~pgc_daemon.agent.swapper.Swapper`.
 """
 
 from __future__ import annotations
@@ -26,20 +26,17 @@ import torch
 from torch import nn
 
 import store as st
+from pgc_daemon import states
 from compiler import Recipe, choose_metric
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir, _detach
 from pgc_daemon.settings import Settings
-from pgc_daemon.slot import BASE_LABEL, Slot
+from pgc_daemon.agent.rows import window_rows
+from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from profiler import Profiler, ProfilerConfig, Window
 
 log = logging.getLogger("pgc.agent")
 _perf_ns = time.perf_counter_ns
-# What the store keeps of the profiler's window rows (rows may carry more, e.g. trimmed means).
-_REQUEST_COLUMNS = frozenset(c.key for c in st.RequestStat.__table__.columns)
-_LAYER_COLUMNS = frozenset(c.key for c in st.LayerStat.__table__.columns)
-_HOST_COLUMNS = frozenset(c.key for c in st.HostStat.__table__.columns)
-
 #: torch.fx tracing (export, quantization, some compiler passes; pgc builds variants in this
 #: process) patches ``nn.Module.__call__`` for the whole process while it traces, and a call
 #: another thread makes at that moment can fail inside the tracer's bookkeeping. Such a call
@@ -122,7 +119,7 @@ class ServedModel:
         self._in_flight: set[object] = set()
         self._rng = random.Random(0)
         self._closed = False
-        from pgc_daemon.swapper import Swapper  # noqa: PLC0415 - mutual reference
+        from pgc_daemon.agent.swapper import Swapper  # noqa: PLC0415 - mutual reference
 
         self.swapper = Swapper(self)
 
@@ -275,15 +272,15 @@ class ServedModel:
             restore = None
             for dep in st.repo.list_deployments(sess, model.id):
                 if dep.state == "active":
-                    st.repo.transition(sess, dep.id, "superseded", "agent restarted")
+                    states.move(sess, dep.id, "superseded", "agent restarted")
                     if same_model and dep.variant_id != baseline.id:
                         restore = dep
-                elif dep.state in st.repo.IN_FLIGHT or dep.state == "candidate":
-                    st.repo.transition(sess, dep.id, "failed", "agent restarted before it finished")
+                elif dep.state in states.OPEN:
+                    states.move(sess, dep.id, "failed", "agent restarted before it finished")
             dep = st.repo.create_deployment(
                 sess, model.id, baseline.id, source="attach", reason="the user's module, as attached"
             )
-            st.repo.transition(sess, dep.id, "active", "serving the base module")
+            states.move(sess, dep.id, "active", "serving the base module")
             if restore is not None:
                 st.repo.create_deployment(
                     sess,
@@ -344,28 +341,10 @@ class ServedModel:
         if self.model_id is None:
             raise RuntimeError("model not registered yet")
         mid = self.model_id
-        req_rows: list[dict[str, Any]] = []
-        layer_rows: list[dict[str, Any]] = []
-        host_rows: list[dict[str, Any]] = []
-        events: list[dict[str, Any]] = []
-        for window in windows:
-            base = {"model_id": mid, "window_start": window.start, "window_end": window.end}
-            for i, r in enumerate(window.requests):
-                row = {k: v for k, v in r.items() if k in _REQUEST_COLUMNS}
-                row["variant_id"] = r["variant"]
-                row["dropped"] = window.dropped if i == 0 else 0  # windows lost before this one
-                req_rows.append({**base, **row})
-            for r in window.layers:
-                row = {k: v for k, v in r.items() if k in _LAYER_COLUMNS}
-                row["variant_id"] = r["variant"]
-                layer_rows.append({**base, "window_start": window.layers_start or window.start, **row})
-            for r in window.host:
-                row = {k: v for k, v in r.items() if k in _HOST_COLUMNS}
-                host_rows.append({**row, "model_id": mid, "variant_id": r["variant"]})
-            events.extend(window.events)
+        rows = window_rows(mid, windows)
         with self.store().session() as sess:
-            st.repo.add_window_stats(sess, requests=req_rows, layers=layer_rows, host=host_rows)
-            for ev in events:
+            st.repo.add_window_stats(sess, requests=rows.requests, layers=rows.layers, host=rows.host)
+            for ev in rows.events:
                 st.repo.add_event(sess, mid, ev["kind"], ev["message"], level=ev["level"], data=ev["data"])
             st.repo.touch_model(sess, mid)
         self._save_reservoir()

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from pgc_daemon.errors import UsageError
 from pgc_daemon.settings import Settings
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "add_store_option", "settings_from"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-
-class UsageError(Exception):
-    """Bad command-line input (exit code 2)."""
 
 
 def add_store_option(p: argparse.ArgumentParser) -> None:

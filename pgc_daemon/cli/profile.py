@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from pgc_daemon.commands._base import UsageError
+from pgc_daemon.cli._base import UsageError
 
 ORDER = 30
 
@@ -242,7 +242,7 @@ def _sensitivity(args: argparse.Namespace, spec: Any, model: Any, examples: list
     from rich.table import Table  # noqa: PLC0415
 
     from compiler import fingerprint  # noqa: PLC0415
-    from pgc_daemon.search.prepare import measure_sensitivity  # noqa: PLC0415
+    from pgc_daemon.optimizer.search.prepare import measure_sensitivity  # noqa: PLC0415
 
     profile = [{"layer": r["layer"], "share": r["latency_ratio"]} for r in report["layers"]]
     sens = measure_sensitivity(model, examples, profile, metric=spec.metric)

@@ -29,10 +29,10 @@ from pgc_daemon.errors import SearchError
 from pgc_daemon.modelspec import load_spec
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir
-from pgc_daemon.search.prepare import make_search, measure_sensitivity
-from pgc_daemon.search.study import SearchResult, TrialRecord
+from pgc_daemon.optimizer.search.prepare import make_search, measure_sensitivity
+from pgc_daemon.optimizer.search.study import SearchResult, TrialRecord
 from pgc_daemon.settings import Settings
-from pgc_daemon.status import busy_intervals
+from pgc_daemon.services.queries import busy_intervals
 
 log = logging.getLogger("pgc.search")
 
@@ -229,7 +229,7 @@ def record_resumed(
 def finish_run(
     store: st.Store, model_id: int, run_id: int, result: SearchResult, policy: Policy
 ) -> None:
-    from pgc_daemon.decide import propose  # noqa: PLC0415
+    from pgc_daemon.services.deployments import Proposal, propose  # noqa: PLC0415
 
     with store.session() as s:
         chosen_variant = None
@@ -248,4 +248,6 @@ def finish_run(
         if not result.feasible:
             st.repo.add_event(s, model_id, "infeasible", result.message, level="warning")
     if result.chosen is not None:
-        propose(store, model_id, result.chosen, policy, run_id=run_id)
+        c = result.chosen
+        proposal = Proposal(c.recipe_hash, c.recipe, c.label, c.speedup, c.fidelity, c.message)
+        propose(store, model_id, proposal, policy, run_id=run_id)

@@ -10,9 +10,9 @@ from torch import nn
 
 from compiler import CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity
 from pgc_daemon.policy import Policy
-from pgc_daemon.search.evaluate import Evaluator
-from pgc_daemon.search.space import Space, build_space, choices_for, time_candidates
-from pgc_daemon.search.study import Search, TrialRecord
+from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.space import Space, build_space, choices_for, time_candidates
+from pgc_daemon.optimizer.search.study import Search, TrialRecord
 from profiler import profile_model, shape_key
 
 ACCURACY_INPUTS = 64

@@ -1,0 +1,5 @@
+"""``python -m pgc_daemon.cli`` is ``pgc``."""
+
+from pgc_daemon.cli import main
+
+main()
