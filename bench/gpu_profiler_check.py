@@ -100,9 +100,9 @@ def attribution(name: str, model: torch.nn.Module, inputs: list[tuple[Any, ...]]
     tracer = prof._tracer
     checks["tracer_off_after_the_window"] = tracer is None or not tracer.is_open
     rows = win.layers
-    total_event = sum(r["mean_ms"] * r["count"] for r in rows)
-    with_kernels = [r for r in rows if (r.get("counters") or {}).get("cupti_kernels")]
-    kernel_ms = sum(r["counters"]["cupti_kernel_ms"] for r in with_kernels)
+    total_event = sum(r.mean_ms * r.count for r in rows)
+    with_kernels = [r for r in rows if (r.counters or {}).get("cupti_kernels")]
+    kernel_ms = sum(r.counters["cupti_kernel_ms"] for r in with_kernels)
     out["layers"] = len(rows)
     out["layers_with_kernels"] = len(with_kernels)
     out["event_ms_per_call"] = total_event / calls
@@ -114,15 +114,15 @@ def attribution(name: str, model: torch.nn.Module, inputs: list[tuple[Any, ...]]
     out["cupti_error"] = tracer.error if tracer is not None else None
     out["cupti_api_records"] = tracer.api_filter if tracer is not None else None
     agreement = []
-    for r in sorted(rows, key=lambda r: -r["mean_ms"]):
-        if r["share"] < 0.05:
+    for r in sorted(rows, key=lambda r: -r.mean_ms):
+        if r.share < 0.05:
             continue
-        c = r.get("counters") or {}
-        k_ms = c.get("cupti_kernel_ms", 0.0) / max(r["count"], 1)
+        c = r.counters or {}
+        k_ms = c.get("cupti_kernel_ms", 0.0) / max(r.count, 1)
         agreement.append({
-            "layer": r["layer"], "op_type": r["op_type"], "event_ms": r["mean_ms"],
-            "kernel_ms": k_ms, "gap": (r["mean_ms"] - k_ms) / r["mean_ms"] if r["mean_ms"] else None,
-            "top_kernel": (r.get("kernels") or [{}])[0],
+            "layer": r.layer, "op_type": r.op_type, "event_ms": r.mean_ms,
+            "kernel_ms": k_ms, "gap": (r.mean_ms - k_ms) / r.mean_ms if r.mean_ms else None,
+            "top_kernel": (r.kernels or [{}])[0],
         })
     out["agreement"] = agreement
     gaps = [a["gap"] for a in agreement if a["gap"] is not None]

@@ -37,6 +37,7 @@ Estimators (fractions of plain serving time; 0.005 = 0.5%):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -52,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import store as st  # noqa: E402
+from pgc_daemon.agent.rows import window_rows  # noqa: E402
 from profiler import Profiler, ProfilerConfig, Window  # noqa: E402
 
 _tt = time.thread_time_ns
@@ -70,20 +72,13 @@ class StoreSink:
         self.store = store
         with store.session() as s:
             self.model_id = st.repo.upsert_model(s, name).id
-        self.cols = {t: {c.key for c in t.__table__.columns} for t in (st.RequestStat, st.LayerStat, st.HostStat)}
 
     def __call__(self, windows: list[Window]) -> None:
-        mid = self.model_id
-        reqs, layers, host = [], [], []
-        for w in windows:
-            base = {"model_id": mid, "window_start": w.start, "window_end": w.end}
-            reqs += [{**{k: v for k, v in r.items() if k in self.cols[st.RequestStat]}, **base,
-                      "variant_id": None} for r in w.requests]
-            layers += [{**{k: v for k, v in r.items() if k in self.cols[st.LayerStat]}, **base,
-                        "window_start": w.layers_start or w.start, "variant_id": None}
-                       for r in w.layers]
-            host += [{**{k: v for k, v in r.items() if k in self.cols[st.HostStat]},
-                      "model_id": mid, "variant_id": None} for r in w.host]
+        # the profiler's variant here (1) is no store variant: the rows go in without one
+        rows = window_rows(self.model_id, windows)
+        reqs = [dataclasses.replace(r, variant_id=None) for r in rows.requests]
+        layers = [dataclasses.replace(r, variant_id=None) for r in rows.layers]
+        host = [dataclasses.replace(r, variant_id=None) for r in rows.host]
         with self.store.session() as s:
             st.repo.add_window_stats(s, requests=reqs, layers=layers, host=host)
 

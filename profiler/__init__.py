@@ -1,6 +1,11 @@
 """pgc's live profiler: end-to-end latency of every call, per-layer latency (and perf counters,
 CUDA events, CUPTI kernels) of sampled calls under a self-measured overhead budget, process
-statistics with leak warnings, aggregated per time window and exported in the background."""
+statistics with leak warnings, aggregated per time window and exported in the background.
+
+A closed :class:`Window` holds typed rows (:class:`RequestRow`, :class:`LayerRow`,
+:class:`SampledRow`, :class:`HostRow`, :class:`ProfilerEvent`). The profiler never raises into a
+served call; it raises only ``ValueError`` for bad arguments, so it has no error root of its
+own."""
 
 from __future__ import annotations
 
@@ -14,13 +19,13 @@ from profiler._counters import (
     counter_availability,
     derived,
 )
-from profiler._errors import ProfilerError
 from profiler._exporter import Exporter
 from profiler._gpu import cuda_status
 from profiler._hooks import LayerTimer, dispatch_cost_ns
 from profiler._host import HostSampler, LeakDetector, LeakWarning
 from profiler._offline import OfflineProfile, group_name, layout_conversions, profile_model
 from profiler._profiler import Profiler
+from profiler._rows import HostRow, LayerRow, ProfilerEvent, RequestRow, SampledRow
 from profiler._window import LATENCY_BUCKETS_MS, Totals, Window, WindowAggregator
 from profiler.shapes import parse_key, seq_bucket, shape_key
 
@@ -56,7 +61,9 @@ __all__ = [
     "LATENCY_BUCKETS_MS",
     "CounterAvailability",
     "Exporter",
+    "HostRow",
     "HostSampler",
+    "LayerRow",
     "LayerTimer",
     "LeakDetector",
     "LeakWarning",
@@ -65,8 +72,10 @@ __all__ = [
     "Period",
     "Profiler",
     "ProfilerConfig",
-    "ProfilerError",
+    "ProfilerEvent",
     "RateController",
+    "RequestRow",
+    "SampledRow",
     "Totals",
     "Window",
     "WindowAggregator",

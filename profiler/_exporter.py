@@ -4,8 +4,12 @@ Producers (the profiler's ticker, a flush) only ``offer``: a non-blocking append
 queue. When the sink is slow or failing the queue fills, and the *oldest* queued item is
 dropped and counted (recent windows are worth more than old ones). One writer thread takes up
 to ``batch`` items at a time and calls ``sink(items)`` once for them, so a store writes them
-in one transaction. A sink that raises loses that batch (counted as dropped and as a
-failure); the thread carries on. Nothing here ever blocks or raises into a model call.
+in one transaction. A sink that raises is retried with the same batch, ``retries`` more times
+with a doubling backoff (a store that is briefly locked or restarting loses nothing); only
+then is the batch lost (counted as dropped). Every failed call counts as a failure; the
+thread carries on. Items still queued when :meth:`Exporter.stop` gives up count as dropped
+too, so ``dropped`` is every item offered and never written. Nothing here ever blocks or
+raises into a model call.
 
 Threading contract: ``offer``, ``wait_idle`` and the counters are safe from any thread;
 ``start`` and ``stop`` belong to the owner. ``dropped``, ``exported`` and ``failures`` only
@@ -21,6 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("pgc.profiler")
+#: Further attempts at a batch the sink refused, and the wait before the first of them
+#: (doubling after each): 0.5 + 1 + 2 s, so a store that is back within seconds loses nothing.
+RETRIES = 3
+RETRY_BACKOFF_S = 0.5
 
 
 class Exporter:
@@ -31,9 +39,15 @@ class Exporter:
         max_queue: int = 64,
         batch: int = 16,
         name: str = "pgc-exporter",
+        retries: int = RETRIES,
+        backoff_s: float = RETRY_BACKOFF_S,
     ) -> None:
         if max_queue < 1 or batch < 1:
             raise ValueError("max_queue and batch must be >= 1")
+        if retries < 0 or backoff_s < 0:
+            raise ValueError("retries and backoff_s must be >= 0")
+        self.retries = retries
+        self.backoff_s = backoff_s
         self._sink = sink
         self.max_queue = max_queue
         self.batch = batch
@@ -82,26 +96,46 @@ class Exporter:
                 n = min(self.batch, len(self._items))
                 items = [self._items.popleft() for _ in range(n)]
                 self._writing = n
-            try:
-                self._sink(items)
-                ok = True
-            except Exception as exc:  # noqa: BLE001 - a failing store must not kill the thread
-                ok = False
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("profiler export failed (%s); %d window(s) dropped", self.last_error, n)
+            ok = self._write(items)
             with self._cond:
                 if ok:
                     self.exported += n
                 else:
-                    self.failures += 1
                     self.dropped += n
                 self._writing = 0
                 self._cond.notify_all()
 
+    def _write(self, items: list[Any]) -> bool:
+        """Hand one batch to the sink, retrying with backoff; whether it was written. While
+        stopping, the backoff is not waited out (``stop`` bounds how long it waits)."""
+        wait = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                self._sink(items)
+                return True
+            except Exception as exc:  # noqa: BLE001 - a failing store must not kill the thread
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                with self._cond:
+                    self.failures += 1
+                if attempt == self.retries:
+                    log.warning("profiler export failed %d times (%s); %d window(s) dropped",
+                                attempt + 1, self.last_error, len(items))
+                    return False
+                log.debug("profiler export failed (%s); retrying in %.1fs", self.last_error, wait)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop, wait)
+                wait *= 2
+        return False
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Write what is queued (up to ``timeout``), then end the thread."""
+        """Write what is queued (up to ``timeout``), then end the thread. Items of an exporter
+        that was never started count as dropped (nothing will write them)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)
+        if self._thread.ident is None:  # never started: nothing will write these
+            with self._cond:
+                self.dropped += len(self._items)
+                self._items.clear()

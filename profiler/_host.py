@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from profiler._rows import HostRow
+
 MIB = 1024 * 1024
 
 
@@ -163,12 +165,12 @@ class HostSampler:
         self._proc.cpu_percent(None)  # the first call only starts the measurement
         self._next = time.monotonic()
         self.samples = 0
-        self.last: dict[str, Any] | None = None
+        self.last: HostRow | None = None
 
     def due(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) >= self._next
 
-    def sample(self, variant: Any, *, quiet: bool = True) -> tuple[dict[str, Any], LeakWarning | None]:
+    def sample(self, variant: Any, *, quiet: bool = True) -> tuple[HostRow, LeakWarning | None]:
         """Take one sample now. Returns the row and a leak warning (or None)."""
         self._next = time.monotonic() + self.interval_s
         p = self._proc
@@ -197,15 +199,15 @@ class HostSampler:
             slope = self.leak.trend(variant)
             if slope is not None:
                 extra["rss_slope_bytes_per_s"] = slope
-        row = {
-            "variant": variant,
-            "at": at,
-            "cpu_percent": float(cpu),
-            "rss_bytes": int(mem.rss),
-            "threads": int(threads),
-            "ctx_switches": int(ctx.voluntary + ctx.involuntary),
-            "extra": extra,
-        }
+        row = HostRow(
+            variant=variant,
+            at=at,
+            cpu_percent=float(cpu),
+            rss_bytes=int(mem.rss),
+            threads=int(threads),
+            ctx_switches=int(ctx.voluntary + ctx.involuntary),
+            extra=extra,
+        )
         self.samples += 1
         self.last = row
         return row, warning

@@ -105,27 +105,26 @@ def profile_model(
     status = prof.status()
     win = prof.close_window()
     prof.stop(flush=False)
-    net = win.sampled[0] if win.sampled else {"count": 0, "mean_ms": 0.0, "p50_ms": 0.0,
-                                               "p95_ms": 0.0, "p99_ms": 0.0}
-    attributed = sum(row["trimmed_ms"] for row in win.layers) or 1e-9
+    net = win.sampled[0] if win.sampled else None
+    attributed = sum(row.trimmed_ms for row in win.layers) or 1e-9
     layers = []
     for row in win.layers:
-        count = row["count"]
-        sums = dict(row.get("counters") or {})
+        count = row.count
+        sums = dict(row.counters or {})
         calls = sums.pop("calls", count) or count
         per_call = {k: v / calls for k, v in sums.items()}
         layers.append({
-            "layer": row["layer"],
-            "op_type": row["op_type"],
+            "layer": row.layer,
+            "op_type": row.op_type,
             "count": count,
-            "mean_ms": row["mean_ms"],
-            "p50_ms": row["p50_ms"],
-            "p95_ms": row["p95_ms"],
-            "latency_ratio": row["trimmed_ms"] / attributed,
-            "share": row["share"],
+            "mean_ms": row.mean_ms,
+            "p50_ms": row.p50_ms,
+            "p95_ms": row.p95_ms,
+            "latency_ratio": row.trimmed_ms / attributed,
+            "share": row.share,
             "counters": per_call or None,
             "derived": derived(per_call) or None,
-            "kernels": row.get("kernels"),
+            "kernels": list(row.kernels) if row.kernels is not None else None,
         })
     layers.sort(key=lambda r: r["latency_ratio"], reverse=True)
     groups: dict[str, dict[str, Any]] = {}
@@ -138,8 +137,9 @@ def profile_model(
         g["latency_ratio"] += r["latency_ratio"]
         g["p50_ms"] += r["p50_ms"]
     return OfflineProfile(
-        calls=int(net["count"]),
-        call={k: float(net[k]) for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")},
+        calls=net.count if net is not None else 0,
+        call={k: float(getattr(net, k)) if net is not None else 0.0
+              for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")},
         layers=layers,
         groups=sorted(groups.values(), key=lambda g: g["latency_ratio"], reverse=True),
         shapes=shapes,

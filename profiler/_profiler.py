@@ -25,7 +25,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from profiler._budget import Period, RateController
 from profiler._config import ProfilerConfig
 from profiler._exporter import Exporter
 from profiler._hooks import LayerTimer, RawCall
+from profiler._rows import HostRow, ProfilerEvent
 from profiler._window import Totals, Window, WindowAggregator
 from profiler.shapes import shape_key
 
@@ -116,9 +117,12 @@ class Profiler:
         self._calls: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_QUEUED_CALLS)
         self._drain_lock = threading.Lock()
         self.discarded = 0  # sampled calls discarded because the background thread lagged
+        #: calls that found the call queue full (nothing drained it for ``MAX_QUEUED_CALLS``
+        #: calls): the queue drops its oldest, and they are missing from the window's counts
+        self.discarded_calls = 0
         self._kernels: dict[int, dict[int, list[Any]]] = {}
-        self._events: list[dict[str, Any]] = []
-        self._host_rows: list[dict[str, Any]] = []
+        self._events: list[ProfilerEvent] = []
+        self._host_rows: list[HostRow] = []
         self._last_variant: Any = None
         self._last_totals = Totals()
         self._sampled_costs: collections.deque[int] = collections.deque(maxlen=4096)
@@ -201,13 +205,30 @@ class Profiler:
     # ----------------------------------------------------------------- models
 
     def watch(self, module: nn.Module) -> None:
-        """Prepare per-layer timing of ``module`` (the eager modules that may serve)."""
-        if id(module) in self._timers:
+        """Prepare per-layer timing of ``module`` (the eager modules that may serve). The
+        profiler holds it (its timer references every layer) until :meth:`forget` or
+        :meth:`retain` lets go of it."""
+        timer = self._timers.get(id(module))
+        if timer is not None and timer.modules and timer.modules[0] is module:
             return
+        # a new module, or one that reuses the id of a module collected without ``forget``
         self._timers[id(module)] = LayerTimer(module, self._counter_source(), self._gpu_for(module))
 
     def forget(self, module: nn.Module) -> None:
         self._timers.pop(id(module), None)
+
+    def retain(self, modules: Iterable[nn.Module]) -> None:
+        """Forget every watched module but ``modules`` (what serves now): a module that stopped
+        serving must not be kept alive by its timer."""
+        keep = {id(m) for m in modules}
+        for key in list(self._timers):
+            if key not in keep:
+                self._timers.pop(key, None)
+
+    @property
+    def watched(self) -> int:
+        """How many modules the profiler holds timers for."""
+        return len(self._timers)
 
     def _counter_source(self) -> Any:
         if not self.config.counters:
@@ -334,7 +355,10 @@ class Profiler:
             if token is None:
                 # One append: right after a forward pass the caches are cold, and every line
                 # of code here costs a cache miss; the background thread aggregates in bulk.
-                self._calls.append((variant, bucket, elapsed_ns, error, fallback, _perf_ns() - t0))
+                calls = self._calls
+                if len(calls) >= MAX_QUEUED_CALLS:
+                    self._lost_call()
+                calls.append((variant, bucket, elapsed_ns, error, fallback, _perf_ns() - t0))
                 return
             timer = token.timer
             try:
@@ -357,9 +381,16 @@ class Profiler:
                     self.discarded += 1
                     self.aggregator.add_overhead(old.variant, old.bucket, old.cost_ns)
                 self._pending.append(item)
+            if len(self._calls) >= MAX_QUEUED_CALLS:
+                self._lost_call()
             self._calls.append((variant, bucket, elapsed_ns, error, fallback, 0))
         except Exception:  # noqa: BLE001 - profiling must never fail a request
             log.debug("profiler.end failed", exc_info=True)
+
+    def _lost_call(self) -> None:
+        """Count a call the full call queue is about to push out (rare: a stalled drain)."""
+        with self._pending_lock:
+            self.discarded_calls += 1
 
     # ----------------------------------------------------------------- background work
 
@@ -495,7 +526,7 @@ class Profiler:
         ):
             self.adapt()
 
-    def sample_host(self) -> dict[str, Any] | None:
+    def sample_host(self) -> HostRow | None:
         """Take one host sample now (the ticker does this every ``host_interval_s``)."""
         if self._host is None:
             return None
@@ -521,7 +552,7 @@ class Profiler:
         return row
 
     def _event(self, kind: str, level: str, message: str, data: dict[str, Any] | None = None) -> None:
-        self._events.append({"kind": kind, "level": level, "message": message, "data": data})
+        self._events.append(ProfilerEvent(kind=kind, level=level, message=message, data=data))
         del self._events[:-MAX_EVENTS]
 
     def adapt(self) -> int:
@@ -582,13 +613,23 @@ class Profiler:
         return win
 
     def _write(self, batch: list[Window]) -> None:
-        """The exporter's sink: the user's sink, with drop accounting and its cost charged."""
+        """The exporter's sink: the user's sink, with drop accounting and its cost charged.
+
+        The windows lost since the last accepted write (queue overflow, batches refused after
+        their retries) go on the first window of the batch that has request rows, the rows
+        that carry the count into the store; a batch without request rows leaves the count
+        for the next one, so it is reported once and never lost."""
         t0 = _perf_ns()
         dropped = self.dropped
-        batch[0].dropped = dropped - self._reported_dropped
+        for window in batch:
+            window.dropped = 0
+        carrier = next((w for w in batch if w.requests), None)
+        if carrier is not None:
+            carrier.dropped = dropped - self._reported_dropped
         try:
             self._user_sink(batch)  # type: ignore[misc]
-            self._reported_dropped = dropped
+            if carrier is not None:
+                self._reported_dropped = dropped
         finally:
             self.aggregator.add_background(_perf_ns() - t0)
 
@@ -610,13 +651,14 @@ class Profiler:
             "calls": t.calls,
             "sampled": t.sampled,
             "discarded": self.discarded,
+            "discarded_calls": self.discarded_calls,
             "dropped": self.dropped,
             "exported": self._exporter.exported if self._exporter is not None else 0,
             "export_failures": self.export_failures,
             "counters": counters.availability.summary() if counters is not None
             else (self._counters_reason or "not started (no model watched yet)"),
             "gpu": self.gpu_reason or ("CUDA events" if any(
-                t.gpu is not None for t in self._timers.values()) else "no CUDA module watched"),
+                t.gpu is not None for t in list(self._timers.values())) else "no CUDA module watched"),
             "cupti": self.cupti_reason or ("on" if self._tracer is not None else "not in use"),
             "host_samples": self._host.samples if self._host is not None else 0,
         }

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler._rows import HostRow, LayerRow, ProfilerEvent, RequestRow, SampledRow
+
 RESERVOIR = 512
 #: Most shape buckets kept per window; calls of further buckets are counted as ``other``.
 MAX_BUCKETS = 64
@@ -64,6 +66,8 @@ class _Series:
                 self.sample[j] = value
 
     def stats(self) -> dict[str, Any]:
+        """count, mean_ms, p50_ms, p95_ms, p99_ms and trimmed_ms: the latency fields of every
+        row type."""
         s = sorted(self.sample)
         p90 = _quantile(s, 0.90)
         kept = [v for v in s if v <= p90]
@@ -92,22 +96,23 @@ def _quantile(ordered: list[float], q: float) -> float:
 @dataclass
 class Window:
     """One closed window: request rows, layer rows, host samples and events, ready for the
-    store. ``dropped``: windows lost (queue full or a failed write) since the last window the
-    sink accepted; set by the profiler just before the sink sees this window."""
+    store. ``dropped``: windows lost (queue full, or a write refused after its retries) since
+    the last count the sink accepted; set by the profiler just before the sink sees this
+    window, on the first window of a batch with request rows (the others say 0)."""
 
     start: float
     end: float
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    layers: list[dict[str, Any]] = field(default_factory=list)
-    host: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[RequestRow] = field(default_factory=list)
+    layers: list[LayerRow] = field(default_factory=list)
+    host: list[HostRow] = field(default_factory=list)
+    events: list[ProfilerEvent] = field(default_factory=list)
     dropped: int = 0
     profiler: dict[str, Any] = field(default_factory=dict)
     layers_start: float | None = None
     """Where the layer rows' own window starts (they may span several request windows)."""
-    sampled: list[dict[str, Any]] = field(default_factory=list)
+    sampled: list[SampledRow] = field(default_factory=list)
     """Per (variant, shape bucket): the sampled calls' own latency, net of the profiler's
-    time in them (what layer shares are shares of); not a store table."""
+    time in them (what layer shares are shares of)."""
 
     @property
     def empty(self) -> bool:
@@ -343,50 +348,51 @@ class WindowAggregator:
         win = Window(start=start, end=now, layers_start=layers_start)
         busy_all = sum(s.total for s in calls.values()) * 1e6
         for (variant, bucket), series in calls.items():
-            row = series.stats()
             busy_ns = series.total * 1e6
             cost = float(overhead.get((variant, bucket), 0))
             if busy_all:
                 cost += background * busy_ns / busy_all
             busy_ns = max(busy_ns - incall.get((variant, bucket), 0), 1.0)  # hooks: not serving
-            row.update(
+            win.requests.append(RequestRow(
+                **series.stats(),
                 variant=variant,
                 shape_bucket=bucket,
                 errors=errors.get((variant, bucket), 0),
                 fallbacks=fallbacks.get((variant, bucket), 0),
                 sampled=sampled_n.get((variant, bucket), 0),
                 overhead=cost / busy_ns if busy_ns else 0.0,
-                histogram=list(series.buckets or ()),
-            )
-            win.requests.append(row)
+                histogram=tuple(series.buckets or ()),
+            ))
         for (variant, bucket), series in sampled.items():
-            win.sampled.append({**series.stats(), "variant": variant, "shape_bucket": bucket})
+            win.sampled.append(SampledRow(**series.stats(), variant=variant, shape_bucket=bucket))
         for lkey, series in layers.items():
             variant, bucket, name, op_type = lkey
             call_total = sampled[(variant, bucket)].total
-            row = series.stats()
-            row.update(
-                variant=variant,
-                shape_bucket=bucket,
-                layer=name,
-                op_type=op_type,
-                share=series.total / call_total if call_total else 0.0,
-                counters=counters.get(lkey),
-            )
+            layer_counters = counters.get(lkey)
+            top_kernels = None
             if lkey in kernels:
                 # numbers the store keeps with the layer's counters (summed like them) ...
                 ks = kernels[lkey].values()
-                row["counters"] = {
-                    **(row["counters"] or {}),
+                layer_counters = {
+                    **(layer_counters or {}),
                     "cupti_kernels": float(sum(v[0] for v in ks)),
                     "cupti_kernel_ms": sum(v[1] for v in ks) / 1e6,
                 }
                 # ... and the kernels themselves (name, grid, block) for reports
                 top = sorted(kernels[lkey].items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
-                row["kernels"] = [
+                top_kernels = tuple(
                     {"name": k[0], "grid": list(k[1]), "block": list(k[2]), "count": v[0],
                      "total_ms": v[1] / 1e6}
                     for k, v in top
-                ]
-            win.layers.append(row)
+                )
+            win.layers.append(LayerRow(
+                **series.stats(),
+                variant=variant,
+                shape_bucket=bucket,
+                layer=name,
+                op_type=op_type,
+                share=series.total / call_total if call_total else 0.0,
+                counters=layer_counters,
+                kernels=top_kernels,
+            ))
         return win

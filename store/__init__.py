@@ -5,6 +5,7 @@ from store import repo
 from store._engine import DEFAULT_URL, Store, open_store
 from store._errors import NotFound, StoreConfigError, StoreConflict, StoreError, StoreUnavailable
 from store._states import RUN_FINISHED, RUN_OPEN, DeploymentState, RunState
+from store.rows import HostStatRow, LayerStatRow, RequestStatRow
 from store._schema import (
     Deployment,
     Event,
@@ -28,11 +29,14 @@ __all__ = [
     "Deployment",
     "Event",
     "HostStat",
+    "HostStatRow",
     "LayerStat",
+    "LayerStatRow",
     "Model",
     "NotFound",
     "Policy",
     "RequestStat",
+    "RequestStatRow",
     "SearchRun",
     "Store",
     "StoreConfigError",

@@ -5,6 +5,17 @@ request) takes its own session through :meth:`Store.session`, which commits on s
 back on error and turns driver errors into :class:`StoreError` subclasses. Sessions never
 outlive the ``with`` block. Objects read in a session stay readable after it (no expiry on
 commit) but are not refreshed.
+
+Write sessions: pysqlite begins a transaction lazily, at the first INSERT/UPDATE/DELETE, so a
+session that reads, decides and then writes does not hold SQLite's write lock while it reads
+and decides. A decision that must be exclusive (one open deployment per model) takes
+``store.session(write=True)`` or calls ``store.repo.lock_model``: on SQLite both issue
+``BEGIN IMMEDIATE`` (the database's one write lock, held until commit), on PostgreSQL the
+latter locks the model's row (``SELECT … FOR UPDATE``).
+
+Files: a SQLite store is created with mode 0600 (SQLite gives its -wal and -shm files the
+database's mode) and an existing one is refused when another user owns it or group or others
+may write to it, since pgc's worker imports the model spec named in it.
 """
 
 from __future__ import annotations
@@ -12,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, inspect, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,6 +40,8 @@ log = logging.getLogger("pgc.store")
 DEFAULT_URL = "sqlite:///pgc.db"
 _MIGRATIONS = Path(__file__).with_name("migrations")
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+HEALTH_TIMEOUT_MS = 1_000
+"""How long the health probe waits for SQLite's write lock before calling the store locked."""
 VERSION_TABLE = "pgc_alembic_version"
 
 
@@ -49,24 +64,46 @@ class Store:
             raise StoreConfigError(
                 f"unsupported store {self.dialect!r}: use sqlite:/// or postgresql://"
             )
+        path = self.sqlite_path
+        if path is not None:
+            private_file(path)
         self.engine: Engine = _make_engine(url, self.dialect)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if migrate:
             self.migrate()
+        self.file_identity: tuple[int, int] | None = None
+        """(st_dev, st_ino) of the SQLite file as opened: a file deleted or replaced under a
+        running process is told apart from the one it still writes (see :meth:`health`)."""
+        if path is not None:
+            with contextlib.suppress(OSError):
+                info = os.stat(path)
+                self.file_identity = (info.st_dev, info.st_ino)
 
     @property
     def sqlite_path(self) -> Path | None:
         """The database file of a SQLite store (None for PostgreSQL or in-memory SQLite)."""
         if self.dialect != "sqlite":
             return None
-        db = make_url(self.url).database
-        return Path(db).resolve() if db and db != ":memory:" else None
+        url = make_url(self.url)
+        db = url.database
+        if not db or db == ":memory:" or "mode=memory" in db:
+            return None
+        if str(url.query.get("uri", "")).lower() in ("true", "1") and db.startswith("file:"):
+            db = db.removeprefix("file:").split("?", 1)[0]
+        return Path(db).resolve()
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[Session]:
-        """One unit of work: commit on success, roll back on any error."""
+    def session(self, *, write: bool = False) -> Iterator[Session]:
+        """One unit of work: commit on success, roll back on any error.
+
+        ``write=True``: the transaction takes SQLite's write lock before its first read
+        (``BEGIN IMMEDIATE``), so what it reads cannot change before it commits; writers wait
+        for each other (up to the busy timeout). On PostgreSQL it is an ordinary transaction:
+        lock rows with ``store.repo.lock_model``."""
         session = self._sessions()
         try:
+            if write:
+                begin_immediate(session)
             yield session
             session.commit()
         except IntegrityError as exc:
@@ -105,7 +142,8 @@ class Store:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fh = open(str(path) + ".lock", "a+")  # noqa: SIM115 - closed below
+                fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fh = os.fdopen(fd, "a+")
             except OSError as exc:
                 raise StoreUnavailable(f"cannot open store {self.safe_url}: {exc}") from exc
             with fh:
@@ -127,6 +165,40 @@ class Store:
         else:
             yield
 
+    def health(self) -> str | None:
+        """Why the store cannot serve now, in one line (None: it can).
+
+        A SQLite file must still be the one this process opened (a deleted file keeps
+        answering through open descriptors while every process that opens the path later
+        gets a new, empty store), and the database must take a write: a transaction that
+        takes the write lock and updates a row, then rolls back, waiting at most
+        :data:`HEALTH_TIMEOUT_MS` for the lock."""
+        path = self.sqlite_path
+        if path is not None and self.file_identity is not None:
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                return f"store file {path} was deleted while this process had it open"
+            except OSError as exc:
+                return f"store file {path} cannot be read: {exc.strerror}"
+            if (info.st_dev, info.st_ino) != self.file_identity:
+                return f"store file {path} was replaced by another file while this process had it open"
+        try:
+            with self.engine.connect() as conn:
+                if self.dialect == "sqlite":
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout={HEALTH_TIMEOUT_MS}")
+                    try:
+                        _write_probe(conn, immediate=True)
+                    finally:
+                        conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                else:
+                    _write_probe(conn, immediate=False)
+        except DBAPIError as exc:
+            return f"store {self.safe_url} does not take writes: {exc.orig}"
+        except SQLAlchemyError as exc:
+            return f"store {self.safe_url} does not take writes: {exc}"
+        return None
+
     def tables(self) -> list[str]:
         return sorted(inspect(self.engine).get_table_names())
 
@@ -136,6 +208,62 @@ class Store:
 
 def open_store(url: str = DEFAULT_URL, *, migrate: bool = True) -> Store:
     return Store(url, migrate=migrate)
+
+
+def begin_immediate(session: Session) -> bool:
+    """Take SQLite's write lock now, for the rest of ``session``'s transaction; True when this
+    call took it. A no-op on other databases, and when the transaction already writes
+    (pysqlite's implicit BEGIN comes with the first write, and that write took the lock)."""
+    if session.get_bind().dialect.name != "sqlite":
+        return False
+    dbapi_conn = session.connection().connection.dbapi_connection
+    if dbapi_conn is None or dbapi_conn.in_transaction:
+        return False
+    dbapi_conn.execute("BEGIN IMMEDIATE")
+    return True
+
+
+def _write_probe(conn: Connection, *, immediate: bool) -> None:
+    """Take the write lock and update a row, then roll back: proof that the database takes
+    writes (a read-only file, a read-only replica or a lock held elsewhere all fail here)."""
+    if immediate:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    try:
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = version_num")
+    finally:
+        conn.rollback()
+
+
+def private_file(path: Path) -> Path:
+    """Create ``path`` empty with mode 0600 (O_CREAT|O_EXCL, so never through someone else's
+    file), or check an existing one (and its -wal and -shm): refused, with one readable
+    :class:`StoreConfigError`, when another user owns it or group or others may write to it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600))
+        return path
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot create store file {path}: {exc.strerror}") from exc
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            info = p.stat()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read store file {p}: {exc.strerror}") from exc
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            raise StoreConfigError(
+                f"store file {p} belongs to user {info.st_uid}, not to this user ({os.getuid()}); "
+                "pgc imports the model spec named in it, so it must be yours"
+            )
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise StoreConfigError(
+                f"store file {p} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}); "
+                f"pgc imports the model spec named in it: run 'chmod go-w {p}'"
+            )
+    return path
 
 
 def _make_engine(url: str, dialect: str) -> Engine:

@@ -2,7 +2,9 @@
 PostgreSQL database with other applications; Optuna keeps its own tables in its own storage.
 
 Times are UTC seconds since the epoch (``float``): they compare and subtract without time-zone
-bugs, and every backend stores them the same way.
+bugs, and every backend stores them the same way. The statistics tables' optional JSON columns
+store ``None`` as SQL NULL (``none_as_null``), so ``IS NULL`` finds rows without them whether the
+ORM or a Core bulk insert wrote them; older rows may hold JSON ``null``, which reads back as None.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class Model(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     spec: Mapped[str | None] = mapped_column(String(500))
+    spec_origin: Mapped[dict | None] = mapped_column(JSON)
+    """Where the serving process found the spec's module (``{"root", "file", "sha256"}``): a
+    search worker imports the spec only from that root and only when the file still has that
+    digest, so nothing else on its ``sys.path`` (no current directory) is trusted."""
     graph_hash: Mapped[str | None] = mapped_column(String(64))
     hardware: Mapped[str | None] = mapped_column(String(200))
     metric: Mapped[str | None] = mapped_column(String(32))
@@ -90,7 +96,7 @@ class LayerStat(Base):
     p95_ms: Mapped[float] = mapped_column(Float)
     p99_ms: Mapped[float] = mapped_column(Float)
     share: Mapped[float] = mapped_column(Float)
-    counters: Mapped[dict | None] = mapped_column(JSON)
+    counters: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
 
 
 class RequestStat(Base):
@@ -115,7 +121,7 @@ class RequestStat(Base):
     sampled: Mapped[int] = mapped_column(Integer, default=0)
     overhead: Mapped[float] = mapped_column(Float, default=0.0)
     dropped: Mapped[int] = mapped_column(Integer, default=0)
-    histogram: Mapped[list | None] = mapped_column(JSON)
+    histogram: Mapped[list | None] = mapped_column(JSON(none_as_null=True))
     """Request counts per latency bucket (bounds in ``profiler.LATENCY_BUCKETS_MS``)."""
 
 
@@ -133,7 +139,7 @@ class HostStat(Base):
     rss_bytes: Mapped[int] = mapped_column(BigInteger)
     threads: Mapped[int] = mapped_column(Integer)
     ctx_switches: Mapped[int] = mapped_column(BigInteger)
-    extra: Mapped[dict | None] = mapped_column(JSON)
+    extra: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
 
 
 class Reservoir(Base):
@@ -165,6 +171,10 @@ class SearchRun(Base):
     state: Mapped[str] = mapped_column(String(20))
     trigger: Mapped[str] = mapped_column(String(200))
     trials_budget: Mapped[int] = mapped_column(Integer)
+    policy: Mapped[dict | None] = mapped_column(JSON)
+    """The policy snapshot the run was queued with (``{"version": …, "settings": …}``, as
+    ``pgc_daemon.policy.PolicySnapshot.to_json`` writes it), so a run reads the policy it was
+    started for even after someone edits it; None for runs older than the column."""
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_speedup: Mapped[float | None] = mapped_column(Float)
     best_fidelity: Mapped[float | None] = mapped_column(Float)

@@ -148,12 +148,12 @@ def test_measured_overhead_is_exported_per_window() -> None:
     prof.flush()
     prof.stop()
     rows = [r for w in got for r in w.requests]
-    assert rows and rows[0]["sampled"] == 25
+    assert rows and rows[0].sampled == 25
     # every row carries the profiler's cost as a fraction of its serving time, and the
     # profiler's own ledger agrees with what the rows say
     total = prof.aggregator.totals()
-    assert rows[0]["overhead"] == pytest.approx(total.overhead, rel=0.5)
-    assert rows[0]["overhead"] > 0.01
+    assert rows[0].overhead == pytest.approx(total.overhead, rel=0.5)
+    assert rows[0].overhead > 0.01
 
 
 def test_the_background_thread_adapts_the_rate_on_live_traffic() -> None:

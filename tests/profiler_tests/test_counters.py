@@ -152,8 +152,8 @@ def test_per_layer_counter_deltas_reach_the_window_rows() -> None:
         model(x)
         prof.end(token, 1, (x,), {}, time.perf_counter_ns() - t0)
     win = prof.close_window()
-    rows = {r["layer"]: r for r in win.layers}
-    big, small = rows["0"]["counters"], rows["1"]["counters"]
+    rows = {r.layer: r for r in win.layers}
+    big, small = rows["0"].counters, rows["1"].counters
     assert set(big) == set(counter_availability().events) | {"calls"} and big["calls"] == 3
     # the task clock of each layer is the CPU time the layer itself measured
     assert big["task_clock_ns"] == pytest.approx(model[0].cpu_ns, rel=0.5)
@@ -197,6 +197,6 @@ def test_counters_are_read_on_one_sampled_call_in_n_and_say_over_how_many() -> N
         token = prof.begin(model)
         model(x)
         prof.end(token, 1, (x,), {}, 1000)
-    row = next(r for r in prof.close_window().layers if r["layer"] == "0")
-    assert row["count"] == 9 and row["counters"]["calls"] == 3  # calls 1, 5 and 9
+    row = next(r for r in prof.close_window().layers if r.layer == "0")
+    assert row.count == 9 and row.counters["calls"] == 3  # calls 1, 5 and 9
     prof.stop()

@@ -42,24 +42,53 @@ def test_a_slow_sink_makes_the_queue_drop_the_oldest_and_count_them() -> None:
     assert ex.exported == 4 and ex.failures == 0
 
 
-def test_a_failing_sink_loses_the_batch_counts_it_and_keeps_going() -> None:
-    calls: list[list[int]] = []
+def test_a_failing_sink_is_retried_with_backoff_and_loses_nothing() -> None:
+    calls: list[tuple[float, list[int]]] = []
 
     def flaky(items: list[int]) -> None:
-        calls.append(items)
-        if len(calls) == 1:
+        calls.append((time.monotonic(), items))
+        if len(calls) <= 2:
             raise RuntimeError("store is down")
 
-    ex = Exporter(flaky, max_queue=8, batch=2)
+    ex = Exporter(flaky, max_queue=8, batch=2, retries=3, backoff_s=0.05)
     ex.offer(1)
     ex.offer(2)
     ex.offer(3)
     ex.start()
     assert ex.wait_idle(10)
     ex.stop()
-    assert calls == [[1, 2], [3]]
-    assert ex.failures == 1 and ex.dropped == 2 and ex.exported == 1
+    assert [items for _, items in calls] == [[1, 2], [1, 2], [1, 2], [3]]
+    assert calls[2][0] - calls[1][0] >= 2 * (calls[1][0] - calls[0][0]) * 0.8  # backoff doubles
+    assert calls[1][0] - calls[0][0] >= 0.04
+    assert ex.failures == 2 and ex.dropped == 0 and ex.exported == 3
     assert ex.last_error == "RuntimeError: store is down"
+
+
+def test_a_sink_that_keeps_failing_loses_the_batch_after_its_retries_and_keeps_going() -> None:
+    calls: list[list[int]] = []
+
+    def down(items: list[int]) -> None:
+        calls.append(items)
+        if items != [3]:
+            raise RuntimeError("store is down")
+
+    ex = Exporter(down, max_queue=8, batch=2, retries=2, backoff_s=0.01)
+    for i in (1, 2, 3):
+        ex.offer(i)
+    ex.start()
+    assert ex.wait_idle(10)
+    ex.stop()
+    assert calls == [[1, 2]] * 3 + [[3]]  # one try and two retries, then the next batch
+    assert ex.failures == 3 and ex.dropped == 2 and ex.exported == 1
+
+
+def test_items_of_an_exporter_never_started_count_as_dropped() -> None:
+    ex = Exporter(lambda items: None, max_queue=2)
+    for i in range(5):
+        ex.offer(i)
+    assert ex.dropped == 3  # the queue's own overflow
+    ex.stop()
+    assert ex.dropped == 5 and ex.queued == 0
 
 
 def test_wait_idle_waits_for_the_batch_being_written() -> None:
@@ -151,12 +180,14 @@ def test_window_rows_are_written_in_bulk_and_read_back(store: Any) -> None:
                  "mean_ms": 1.0, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 2.0, "share": 0.5}
         n = st.repo.add_window_stats(
             s,
-            requests=[{**base, "shape_bucket": "b1", "count": 4, "mean_ms": 2.0, "p50_ms": 2.0,
-                       "p95_ms": 3.0, "p99_ms": 3.0, "overhead": 0.004, "sampled": 2}],
-            # rows with different optional columns go in as separate bulk inserts
-            layers=[{**layer, "counters": {"task_clock_ns": 5.0}}, {**layer, "layer": "act"}],
-            host=[{"model_id": mid, "variant_id": None, "at": 1.0, "cpu_percent": 50.0,
-                   "rss_bytes": 1 << 30, "threads": 9, "ctx_switches": 100, "extra": {"fds": 3}}],
+            requests=[st.RequestStatRow(**base, shape_bucket="b1", count=4, mean_ms=2.0,
+                                        p50_ms=2.0, p95_ms=3.0, p99_ms=3.0, overhead=0.004,
+                                        sampled=2)],
+            layers=[st.LayerStatRow(**layer, counters={"task_clock_ns": 5.0}),
+                    st.LayerStatRow(**{**layer, "layer": "act"})],
+            host=[st.HostStatRow(model_id=mid, variant_id=None, at=1.0, cpu_percent=50.0,
+                                 rss_bytes=1 << 30, threads=9, ctx_switches=100,
+                                 extra={"fds": 3})],
         )
     assert n == 4
     with store.session() as s:
@@ -164,3 +195,48 @@ def test_window_rows_are_written_in_bulk_and_read_back(store: Any) -> None:
         assert {r["layer"] for r in st.repo.layer_profile(s, mid)} == {"fc", "act"}
         assert st.repo.layer_counters(s, mid) == {"fc": {"task_clock_ns": 5.0}}
         assert st.repo.host_stats(s, mid)[0].extra == {"fds": 3}
+
+
+def test_the_drop_count_waits_for_a_window_with_request_rows() -> None:
+    """The store takes the count on a window's first request row: a batch whose windows have
+    none (an idle model: host samples only) must not swallow it."""
+    from pgc_daemon.agent.rows import window_rows
+
+    written: list[Window] = []
+    fail = threading.Event()
+    fail.set()
+
+    def sink(windows: list[Window]) -> None:
+        if fail.is_set():
+            raise RuntimeError("store is down")
+        written.extend(windows)
+
+    prof = Profiler(ProfilerConfig(window_s=60, max_queue=4, export_batch=1, host_interval_s=None),
+                    sink=sink)
+    prof._exporter.retries = 0  # type: ignore[union-attr]
+    prof.start()
+    try:
+        prof.aggregator.add_call(1, "b1", 1.0)
+        prof.flush()  # refused: one window lost
+        assert prof.dropped == 1
+        fail.clear()
+        prof.flush()  # idle: no request rows to carry the count
+        assert written and not written[-1].requests
+        prof.aggregator.add_call(1, "b1", 1.0)
+        prof.flush()
+    finally:
+        prof.stop(flush=False)
+    rows = window_rows(7, written)
+    assert sum(r.dropped for r in rows.requests) == prof.dropped == 1
+
+
+def test_calls_pushed_out_of_a_full_call_queue_are_counted(monkeypatch: Any) -> None:
+    import profiler._profiler as pp
+
+    monkeypatch.setattr(pp, "MAX_QUEUED_CALLS", 10)
+    prof = Profiler(ProfilerConfig(sample_every=1000, budget=None, host_interval_s=None))
+    prof._calls = __import__("collections").deque(maxlen=10)
+    for _ in range(25):
+        prof.end(None, 1, (torch.ones(1),), {}, 1000)
+    assert prof.discarded_calls == 15
+    assert prof.status()["discarded_calls"] == 15

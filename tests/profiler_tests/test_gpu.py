@@ -173,11 +173,12 @@ def test_window_rows_carry_the_longest_kernels_of_each_layer() -> None:
     for _ in range(2):
         agg.add_sampled_call(1, "b1", 5.0, [("fc", "Linear", 4.0, None, [k1, k2])], 1000)
     row = agg.close().layers[0]
-    assert row["kernels"][0] == {"name": "gemm_a", "grid": [8, 1, 1], "block": [128, 1, 1],
-                                 "count": 2, "total_ms": 6.0}
-    assert [k["name"] for k in row["kernels"]] == ["gemm_a", "gemm_b"]
+    assert row.kernels is not None
+    assert row.kernels[0] == {"name": "gemm_a", "grid": [8, 1, 1], "block": [128, 1, 1],
+                              "count": 2, "total_ms": 6.0}
+    assert [k["name"] for k in row.kernels] == ["gemm_a", "gemm_b"]
     # what the store keeps of them: summable numbers beside the layer's other counters
-    assert row["counters"] == {"cupti_kernels": 4.0, "cupti_kernel_ms": 8.0}
+    assert row.counters == {"cupti_kernels": 4.0, "cupti_kernel_ms": 8.0}
 
 
 def _cuda_model() -> nn.Module:
@@ -201,9 +202,9 @@ def test_cuda_events_time_layers_without_syncing_the_request_path() -> None:
     pending = prof._pending[0].raw.gpu
     assert pending is not None and not pending.end.query()  # end() did not wait for the GPU
     win = prof.close_window()
-    rows = {r["layer"]: r for r in win.layers}
-    assert rows["0"]["mean_ms"] > 0 and "cpu_ms" in rows["0"]["counters"]
-    assert rows["0"]["mean_ms"] > rows["1"]["mean_ms"]  # a GEMM outweighs a ReLU
+    rows = {r.layer: r for r in win.layers}
+    assert rows["0"].mean_ms > 0 and "cpu_ms" in rows["0"].counters
+    assert rows["0"].mean_ms > rows["1"].mean_ms  # a GEMM outweighs a ReLU
     prof.stop()
 
 
@@ -223,12 +224,12 @@ def test_cupti_kernels_are_attributed_to_their_layers() -> None:
             prof.end(token, 1, (x,), {}, time.perf_counter_ns() - t0)
     win = prof.close_window()
     assert not prof._tracer.is_open  # recording stopped once the sampled calls were done
-    rows: dict[str, Any] = {r["layer"]: r for r in win.layers}
-    kernels = rows["0"].get("kernels")
+    rows: dict[str, Any] = {r.layer: r for r in win.layers}
+    kernels = rows["0"].kernels
     assert kernels, f"no kernels attributed: {prof.status()}"
     k = kernels[0]
     assert k["count"] == 3 and k["total_ms"] > 0 and all(d >= 1 for d in k["grid"])
-    event_ms = rows["0"]["mean_ms"] * rows["0"]["count"]
+    event_ms = rows["0"].mean_ms * rows["0"].count
     assert sum(k["total_ms"] for k in kernels) <= event_ms * 1.1
     prof.stop()
     assert prof._tracer.error is None

@@ -66,9 +66,9 @@ def test_pgcs_own_work_and_a_swap_restart_the_trend() -> None:
 def test_host_sampler_reads_this_process() -> None:
     sampler = HostSampler(interval_s=0.05)
     row, warning = sampler.sample(variant=7)
-    assert warning is None and row["variant"] == 7
-    assert row["rss_bytes"] > 10 * MIB and row["threads"] >= 1
-    assert row["ctx_switches"] == row["extra"]["ctx_voluntary"] + row["extra"]["ctx_involuntary"]
+    assert warning is None and row.variant == 7
+    assert row.rss_bytes > 10 * MIB and row.threads >= 1
+    assert row.ctx_switches == row.extra["ctx_voluntary"] + row.extra["ctx_involuntary"]
     assert not sampler.due()
     time.sleep(0.06)
     assert sampler.due()

@@ -180,10 +180,10 @@ def test_one_call_in_n_is_sampled() -> None:
         prof.end(token, 1, (x,), {}, 1_000_000)
     win = prof.close_window()
     req = win.requests[0]
-    assert req["count"] == 100 and req["sampled"] == 10
-    layer = next(r for r in win.layers if r["layer"] == "0")
-    assert layer["count"] == 10 and layer["op_type"] == "Linear"
-    assert req["overhead"] > 0
+    assert req.count == 100 and req.sampled == 10
+    layer = next(r for r in win.layers if r.layer == "0")
+    assert layer.count == 10 and layer.op_type == "Linear"
+    assert req.overhead > 0
     prof.stop()
 
 
@@ -197,7 +197,7 @@ def test_sampled_calls_are_turned_into_rows_off_the_request_path() -> None:
     prof.end(token, 1, (x,), {}, 1_000_000)
     assert len(prof._pending) == 1  # end() only stashed the raw timings
     win = prof.close_window()
-    assert not prof._pending and "0" in {r["layer"] for r in win.layers}
+    assert not prof._pending and "0" in {r.layer for r in win.layers}
 
 
 def test_duty_cycle_samples_only_inside_its_windows() -> None:
@@ -255,11 +255,11 @@ def test_window_quantiles_match_numpy_and_memory_is_bounded() -> None:
         agg.add_call(7, "b1", float(v))
     win = agg.close()
     row = win.requests[0]
-    assert row["count"] == 5000
-    assert row["mean_ms"] == pytest.approx(values.mean())
+    assert row.count == 5000
+    assert row.mean_ms == pytest.approx(values.mean())
     for q, key in ((50, "p50_ms"), (95, "p95_ms"), (99, "p99_ms")):
-        assert row[key] == pytest.approx(np.percentile(values, q), rel=0.15)
-    assert row["trimmed_ms"] < row["mean_ms"]
+        assert getattr(row, key) == pytest.approx(np.percentile(values, q), rel=0.15)
+    assert row.trimmed_ms < row.mean_ms
     assert agg._calls == {}  # after close, the next window starts empty
 
 
@@ -269,9 +269,9 @@ def test_windows_are_keyed_by_variant_and_shape_bucket() -> None:
     agg.add_call(1, "b8 s128", 9.0)
     agg.add_call(2, "b1 s128", 3.0, fallback=True)
     win = agg.close()
-    keys = {(r["variant"], r["shape_bucket"]) for r in win.requests}
+    keys = {(r.variant, r.shape_bucket) for r in win.requests}
     assert keys == {(1, "b1 s128"), (1, "b8 s128"), (2, "b1 s128")}
-    assert next(r for r in win.requests if r["variant"] == 2)["fallbacks"] == 1
+    assert next(r for r in win.requests if r.variant == 2).fallbacks == 1
 
 
 def test_closing_the_aggregator_directly_includes_pending_sampled_calls() -> None:
@@ -284,7 +284,7 @@ def test_closing_the_aggregator_directly_includes_pending_sampled_calls() -> Non
     token = prof.begin(model)
     model(x)
     prof.end(token, None, (x,), {}, 1000)
-    assert "0" in {r["layer"] for r in prof.aggregator.close().layers}
+    assert "0" in {r.layer for r in prof.aggregator.close().layers}
 
 
 def test_layer_rows_accumulate_across_timer_windows_until_they_are_worth_a_row() -> None:
@@ -296,13 +296,13 @@ def test_layer_rows_accumulate_across_timer_windows_until_they_are_worth_a_row()
         agg.add_sampled_call(1, "b1", 2.0, layers, 100)
         win = agg.close(flush_layers=False)  # a timer close: not enough sampled calls yet
         first = first or win
-        assert win.layers == [] and win.requests[0]["sampled"] == 1
+        assert win.layers == [] and win.requests[0].sampled == 1
     agg.add_call(1, "b1", 2.0)
     agg.add_sampled_call(1, "b1", 2.0, layers, 100)
     win = agg.close(flush_layers=False)
-    assert win.requests[0]["sampled"] == 1
+    assert win.requests[0].sampled == 1
     (row,) = win.layers
-    assert row["count"] == 3 and row["share"] == pytest.approx(0.5)
+    assert row.count == 3 and row.share == pytest.approx(0.5)
     assert win.layers_start == first.start < win.start  # the layer row spans all three
     agg.add_sampled_call(1, "b1", 2.0, layers, 100)
     assert len(agg.close().layers) == 1  # an explicit close (flush) always carries them

@@ -57,9 +57,9 @@ def test_unbounded_shapes_cannot_grow_a_window() -> None:
     for i in range(MAX_BUCKETS + 50):
         agg.add_call(1, f"b1 {i}x3", 1.0)
     win = agg.close()
-    buckets = {r["shape_bucket"] for r in win.requests}
+    buckets = {r.shape_bucket for r in win.requests}
     assert len(buckets) == MAX_BUCKETS + 1 and OTHER_BUCKET in buckets
-    assert next(r for r in win.requests if r["shape_bucket"] == OTHER_BUCKET)["count"] == 50
+    assert next(r for r in win.requests if r.shape_bucket == OTHER_BUCKET).count == 50
 
 
 class SeqModel(nn.Module):
@@ -86,14 +86,14 @@ def test_layer_statistics_are_kept_per_shape_bucket() -> None:
             model(ids)
             prof.end(token, 3, (ids,), {}, time.perf_counter_ns() - t0)
     win = prof.close_window()
-    requests = {r["shape_bucket"]: r["count"] for r in win.requests}
+    requests = {r.shape_bucket: r.count for r in win.requests}
     assert requests == {"b1 s16": 6, "b4 s512": 3}
-    proj = {r["shape_bucket"]: r for r in win.layers if r["layer"] == "proj"}
+    proj = {r.shape_bucket: r for r in win.layers if r.layer == "proj"}
     assert set(proj) == {"b1 s16", "b4 s512"}
-    assert proj["b1 s16"]["count"] == 6 and proj["b4 s512"]["count"] == 3
-    assert proj["b4 s512"]["p50_ms"] > proj["b1 s16"]["p50_ms"]  # the long bucket is slower
+    assert proj["b1 s16"].count == 6 and proj["b4 s512"].count == 3
+    assert proj["b4 s512"].p50_ms > proj["b1 s16"].p50_ms  # the long bucket is slower
     # shares are within each bucket: every bucket's layers add up to (about) its calls, not
     # to a fraction of all traffic (tens of microseconds per call: bookkeeping shows)
     for bucket in requests:
-        total = sum(r["share"] for r in win.layers if r["shape_bucket"] == bucket)
+        total = sum(r.share for r in win.layers if r.shape_bucket == bucket)
         assert total == pytest.approx(1.0, abs=0.3)

@@ -109,3 +109,85 @@ def test_an_old_store_upgrades_with_its_data(tmp_path: Path) -> None:
         assert st.repo.get_model(s, "legacy").created_at == 1
     assert current_revision(new.engine) != "0001"
     new.close()
+
+
+def test_search_runs_written_at_the_first_revision_gain_an_empty_policy(tmp_path: Path) -> None:
+    """A search run queued by a store at 0001 reads back after the upgrade with ``policy`` None,
+    and new runs keep the policy snapshot they were queued with."""
+    from alembic import command
+    from alembic.config import Config
+
+    from store._engine import _MIGRATIONS
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = st.Store(url, migrate=False)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    with old.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.exec_driver_sql(
+            "INSERT INTO pgc_models (id, name, created_at, last_seen_at) VALUES (1, 'legacy', 1, 1)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO pgc_search_runs (model_id, study_name, policy_version, state, trigger,"
+            " trials_budget, trials_done, started_at, heartbeat_at)"
+            " VALUES (1, 'study', 3, 'done', 'old', 5, 5, 1, 1)"
+        )
+    old.close()
+    new = st.open_store(url)
+    with new.session() as s:
+        (before,) = st.repo.list_search_runs(s, 1)
+        assert (before.study_name, before.policy_version, before.policy) == ("study", 3, None)
+        run = st.repo.create_search_run(s, 1, study_name="study", policy_version=4, trigger="new",
+                                        trials_budget=5, policy={"max_accuracy_drop": 0.01})
+        run_id = run.id
+    with new.session() as s:
+        assert st.repo.get_search_run(s, run_id).policy == {"max_accuracy_drop": 0.01}
+    new.close()
+
+
+def test_a_new_sqlite_store_is_private(tmp_path: Path) -> None:
+    import os
+    import stat as statmod
+
+    s = st.open_store(f"sqlite:///{tmp_path / 'new.db'}")
+    try:
+        with s.session() as sess:
+            st.repo.upsert_model(sess, "m")
+        for name in ("new.db", "new.db-wal", "new.db-shm", "new.db.lock"):
+            mode = statmod.S_IMODE(os.stat(tmp_path / name).st_mode)
+            assert mode == 0o600, (name, oct(mode))
+    finally:
+        s.close()
+
+
+def test_a_store_file_others_may_write_is_refused(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "shared.db"
+    st.open_store(f"sqlite:///{path}").close()
+    os.chmod(path, 0o664)
+    with pytest.raises(st.StoreConfigError, match="writable by group or others"):
+        st.open_store(f"sqlite:///{path}")
+    os.chmod(path, 0o644)  # readable by others is the user's choice; writable is not
+    st.open_store(f"sqlite:///{path}").close()
+    if os.getuid() == 0:
+        os.chown(path, 12345, -1)
+        with pytest.raises(st.StoreConfigError, match="belongs to user 12345"):
+            st.open_store(f"sqlite:///{path}")
+
+
+def test_write_sessions_hold_the_sqlite_write_lock_from_their_start(tmp_path: Path) -> None:
+    s = st.open_store(f"sqlite:///{tmp_path / 'w.db'}")
+    other = sqlite3.connect(str(tmp_path / "w.db"), timeout=0.1, isolation_level=None)
+    try:
+        with s.session(write=True) as sess:
+            st.repo.list_models(sess)  # only a read so far
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")
+        other.execute("BEGIN IMMEDIATE")  # released at commit
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+        s.close()
