@@ -44,7 +44,7 @@ from pgc_daemon.optimizer.search.prepare import (  # noqa: E402
     timing_inputs_for,
 )
 from pgc_daemon.optimizer.search.space import Space, build_space  # noqa: E402
-from pgc_daemon.optimizer.search.study import Search, TrialRecord, prune_threshold  # noqa: E402
+from pgc_daemon.optimizer.search.study import Search, TrialRecord  # noqa: E402
 
 TARGET = 1.05  # within 5% of the best feasible latency
 CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt")
@@ -107,7 +107,7 @@ def replay_evaluate(table: dict[str, dict[str, Any]], policy: Policy, prune: boo
         if e["state"] != "complete":
             rec.duration_s = sum(ph.values())
             return rec
-        if prune and e["quick_drop"] is not None and e["quick_drop"] > prune_threshold(policy):
+        if prune and e["quick_drop"] is not None and e["quick_drop"] > policy.prune_drop:
             rec.state, rec.drop = "pruned", e["quick_drop"]
             rec.duration_s = ph.get("build", 0) + ph.get("warm", 0) + ph.get("quick", 0)
             return rec

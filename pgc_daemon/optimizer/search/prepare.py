@@ -91,6 +91,7 @@ def make_search(
     reference_ms: float | None = None,
     cache: CompileCache | None = None,
     seed: int = 0,
+    policy_version: int | None = None,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
     baselines (and warm-start recipes) enqueued first."""
@@ -125,6 +126,7 @@ def make_search(
         seed=seed,
         reference_ms=reference_ms,
         cache=cache,
+        policy_version=policy_version,
     )
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
     sensitive = _most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop)

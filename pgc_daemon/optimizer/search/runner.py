@@ -1,10 +1,12 @@
 """A live search run: what the worker process does for one ``pgc_search_runs`` row.
 
-It rebuilds the model from its MODEL_SPEC, checks it is the model being served (same
-fingerprint), takes the captured live inputs, the live per-layer profile and the traffic's
-shape histogram from the store, runs the study (resuming it if it exists, warm-started from
-the best recipes of this model's earlier studies if it is new), records every trial, and
-finally proposes a deployment under the model's lock.
+It searches under the policy snapshot stored on the run (the version the run was queued
+for, whatever the API changed since), rebuilds the model from its MODEL_SPEC and refuses,
+before searching, a spec that builds another model than the one served (fingerprint). It
+takes the captured live inputs, the live per-layer profile and the traffic's shape histogram
+from the store, runs the study (resuming it if it exists, warm-started from the best recipes
+of this model's earlier studies if it is new), records every trial, and finally proposes a
+deployment under the model's lock.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import NoReturn
 
 import torch
+from sqlalchemy.orm import Session
 
 import store as st
+from store import RunState
 from compiler import (
     CompileCache,
     LayerSensitivity,
@@ -26,9 +30,10 @@ from compiler import (
     fingerprint,
 )
 from pgc_daemon.errors import SearchError
-from pgc_daemon.modelspec import load_spec
-from pgc_daemon.policy import Policy
+from pgc_daemon.modelspec import SpecOrigin, load_spec
+from pgc_daemon.policy import Policy, PolicySnapshot, load_policy
 from pgc_daemon.reservoir import InputReservoir
+from pgc_daemon.optimizer.schedule import PROFILE_WINDOW_S
 from pgc_daemon.optimizer.search.prepare import make_search, measure_sensitivity
 from pgc_daemon.optimizer.search.study import SearchResult, TrialRecord
 from pgc_daemon.settings import Settings
@@ -37,10 +42,9 @@ from pgc_daemon.services.queries import busy_intervals
 log = logging.getLogger("pgc.search")
 
 MIN_INPUTS = 8
-PROFILE_WINDOW_S = 3600.0
 
 
-def warm_start_recipes(s: Any, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
+def warm_start_recipes(s: Session, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
     """The recipes earlier studies of this model chose (newest first): a new model version or
     a new policy starts from what worked before."""
     out: list[Recipe] = []
@@ -58,13 +62,21 @@ def warm_start_recipes(s: Any, model_id: int, study_name: str, limit: int = 3) -
     return out
 
 
+def run_snapshot(s: Session, run: st.SearchRun) -> PolicySnapshot:
+    """The policy a run searches under: the snapshot stored when it was queued; for runs
+    queued before runs kept one, the model's stored policy now."""
+    if run.policy is None:
+        return load_policy(s, run.model_id)
+    return PolicySnapshot.from_json(run.policy)
+
+
 def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     store = st.open_store(settings.store_url)
     since = time.time() - PROFILE_WINDOW_S
     with store.session() as s:
         run = st.repo.get_search_run(s, run_id)
         model = s.get(st.Model, run.model_id)
-        policy_row = st.repo.get_policy(s, model.id)
+        snapshot = run_snapshot(s, run)
         reservoir = st.repo.load_reservoir(s, model.id)
         baseline = next(
             (v for v in st.repo.list_variants(s, model.id) if v.recipe_hash == Recipe().hash), None
@@ -81,16 +93,32 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             else None
         )
         warm = warm_start_recipes(s, model.id, run.study_name)
-        st.repo.update_search_run(s, run_id, state="running", message="loading the model")
-    policy = Policy.parse(policy_row.settings if policy_row else {})
+        st.repo.update_search_run(s, run_id, state=RunState.RUNNING, message="loading the model")
+    policy = snapshot.policy
     reference_ms = live[f"{policy.latency_percentile}_ms"] if live else None
     if not model.spec:
-        raise SearchError(f"model {model.name!r} was attached without a spec; nothing to rebuild")
-    spec = load_spec(model.spec)
-    if model.graph_hash and fingerprint(spec.model) != model.graph_hash:
-        raise SearchError(
-            f"{model.spec} builds a different model than the one served (fingerprint mismatch)"
+        refuse(store, run_id, model.id, f"model {model.name!r} was attached without a spec; nothing to rebuild")
+    if not model.spec_origin:
+        refuse(
+            store,
+            run_id,
+            model.id,
+            f"refused: the serving process did not record where {model.spec} comes from (its "
+            "module was not found there); a worker imports a spec only from the file the "
+            "serving process registered",
         )
+    spec = load_spec(model.spec, SpecOrigin.from_json(model.spec_origin))
+    if model.graph_hash:
+        built = fingerprint(spec.model)
+        if built != model.graph_hash:
+            refuse(
+                store,
+                run_id,
+                model.id,
+                f"refused: {model.spec} builds a different model than the one served "
+                f"(fingerprint {built[:12]}, served {model.graph_hash[:12]}); "
+                "fix the spec or attach the model again",
+            )
     threads = settings.num_threads or (model.input_signature or {}).get("threads")
     if threads:
         torch.set_num_threads(int(threads))
@@ -120,22 +148,18 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
                 message=f"trial {done}/{budget}: {rec.label}: {rec.message}",
             )
 
-    def should_stop() -> bool:
-        with store.session() as s:
-            return st.repo.get_search_run(s, run_id).state == "cancelled"
-
     search = make_search(
         base=spec.model,
         inputs=inputs,
         profile=profile,
         policy=policy,
+        policy_version=snapshot.version,
         name=run.study_name,
         storage=settings.optuna_storage(),
         histogram=histogram,
         metric=model.metric or spec.metric,
         accuracy=spec.accuracy if spec.labels is None else None,
         on_trial=on_trial,
-        should_stop=should_stop,
         warm_start=warm,
         sensitivity=report,
         reference_ms=reference_ms,
@@ -152,7 +176,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             message=(
                 f"searching {search.space.size} variants ({len(search.space.hot_layers)} hot "
                 f"layers, {len(search.space.pruned)} choices pruned by sensitivity) on "
-                f"{len(inputs)} inputs from {source}"
+                f"{len(inputs)} inputs from {source} under policy version {snapshot.version}"
                 + (f"; resuming with {resumed} finished trials" if resumed else "")
                 + (f"; warm-started from {len(warm)} earlier recipes" if warm else "")
             ),
@@ -160,6 +184,16 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     result = search.run(run.trials_budget, timeout_s=policy.time_budget_s)
     finish_run(store, model.id, run_id, result, policy)
     return result
+
+
+def refuse(store: st.Store, run_id: int, model_id: int, message: str) -> NoReturn:
+    """End a run before it searches: failed, with ``message`` on the run and as an event."""
+    with store.session() as s:
+        st.repo.update_search_run(
+            s, run_id, state=RunState.FAILED, message=message, finished_at=time.time()
+        )
+        st.repo.add_event(s, model_id, "search_failed", message, level="error")
+    raise SearchError(message)
 
 
 def stored_sensitivity(store: st.Store, model_id: int, graph_hash: str) -> SensitivityReport | None:
@@ -180,7 +214,7 @@ def stored_sensitivity(store: st.Store, model_id: int, graph_hash: str) -> Sensi
     return report
 
 
-def _best(s: Any, model_id: int, run_id: int) -> tuple[float | None, float | None]:
+def _best(s: Session, model_id: int, run_id: int) -> tuple[float | None, float | None]:
     best = None
     for t in st.repo.list_trials(s, model_id, run_id=run_id):
         if t.feasible and t.speedup is not None and (best is None or t.speedup > best.speedup):
@@ -188,7 +222,7 @@ def _best(s: Any, model_id: int, run_id: int) -> tuple[float | None, float | Non
     return (best.speedup, best.fidelity) if best else (None, None)
 
 
-def record_trial(s: Any, model_id: int, run_id: int, rec: TrialRecord) -> None:
+def record_trial(s: Session, model_id: int, run_id: int, rec: TrialRecord) -> None:
     variant = st.repo.get_or_create_variant(s, model_id, rec.recipe_hash, rec.recipe, rec.label)
     st.repo.add_trial(
         s,
@@ -210,7 +244,7 @@ def record_trial(s: Any, model_id: int, run_id: int, rec: TrialRecord) -> None:
 
 
 def record_resumed(
-    s: Any, model_id: int, run_id: int, study_name: str, finished: Sequence[TrialRecord]
+    s: Session, model_id: int, run_id: int, study_name: str, finished: Sequence[TrialRecord]
 ) -> int:
     """Give this run the trials its study finished before that pgc's store does not hold (a
     store started afresh beside a kept Optuna storage, or a worker killed between Optuna's
@@ -240,7 +274,7 @@ def finish_run(
         st.repo.update_search_run(
             s,
             run_id,
-            state="done" if result.feasible else "infeasible",
+            state=RunState.DONE if result.feasible else RunState.INFEASIBLE,
             chosen_variant_id=chosen_variant,
             message=result.message,
             finished_at=time.time(),

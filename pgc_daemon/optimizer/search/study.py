@@ -3,19 +3,19 @@ policy's constraints, driven trial by trial with ask/tell so each trial can be p
 accuracy before it is timed, and so a recipe already measured is never built twice.
 
 The study lives in Optuna's RDB storage under a name made of the model, its fingerprint, the
-hardware and the policy: a restarted worker resumes it with every finished trial kept.
+hardware, the policy's study terms and the traffic shape
+(:func:`~pgc_daemon.optimizer.schedule.study_name`): a restarted worker resumes it with every
+finished trial kept. What a search produces (records, result, front, pick) is in
+:mod:`~pgc_daemon.optimizer.search.results`, re-exported here.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
@@ -23,78 +23,35 @@ import torch
 from torch import nn
 
 from compiler import BuildError, CompileCache, Example, Recipe, build, warm
-from pgc_daemon.policy import Policy
+from pgc_daemon.optimizer.schedule import shape_signature, study_name
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.measure import interleaved
+from pgc_daemon.optimizer.search.results import (
+    SearchResult,
+    TrialRecord,
+    feasible,
+    pareto_front,
+    pick,
+)
 from pgc_daemon.optimizer.search.space import Space
+from pgc_daemon.policy import Policy
+
+__all__ = [
+    "Search",
+    "SearchResult",
+    "TrialRecord",
+    "open_study",
+    "pareto_front",
+    "pick",
+    "shape_signature",
+    "study_name",
+]
 
 log = logging.getLogger("pgc.search")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 QUICK_INPUTS = 8
 CALIBRATION_INPUTS = 32
-
-
-@dataclass
-class TrialRecord:
-    number: int
-    state: str  # complete | pruned | failed
-    params: dict[str, Any]
-    recipe: dict[str, Any]
-    recipe_hash: str
-    label: str
-    ratio: float | None = None
-    speedup: float | None = None
-    latency_ms: float | None = None
-    baseline_ms: float | None = None
-    fidelity: float | None = None
-    drop: float | None = None
-    feasible: bool = False
-    violation: float = 1e9
-    message: str = ""
-    duration_s: float = 0.0
-    duplicate: bool = False
-    timing: dict[str, Any] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=dict)
-    """Seconds per step: build, warm (compiles), quick and full accuracy, timing."""
-    quick_drop: float | None = None
-    """The drop on the quick accuracy check (a few inputs), before timing."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class SearchResult:
-    records: list[TrialRecord]
-    front: list[TrialRecord]
-    chosen: TrialRecord | None
-    closest: list[TrialRecord]
-    baseline_ms: float | None
-    metric: str
-    message: str
-    study_name: str
-
-    @property
-    def feasible(self) -> bool:
-        return self.chosen is not None
-
-
-def shape_signature(histogram: dict[str, int], *, min_share: float = 0.2, most: int = 3) -> str:
-    """The shape buckets that carry live traffic (each at least ``min_share`` of calls, at most
-    ``most``), sorted: what the measurements of a study were taken at."""
-    total = sum(histogram.values())
-    if not total:
-        return ""
-    top = sorted(histogram.items(), key=lambda kv: -kv[1])[:most]
-    return "|".join(sorted(k for k, n in top if n / total >= min_share))
-
-
-def study_name(model: str, graph_hash: str, hardware: str, policy: Policy, shapes: str = "") -> str:
-    """One study per (model, base graph, hardware, policy, live traffic shape)."""
-    pol = json.dumps(policy.model_dump(), sort_keys=True)
-    key = hashlib.sha256(f"{pol}|{shapes}".encode()).hexdigest()[:10]
-    return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{key}"
 
 
 def default_sampler(seed: int = 0) -> optuna.samplers.BaseSampler:
@@ -158,6 +115,7 @@ class Search:
         evaluate: Callable[[int, dict[str, Any], Recipe], TrialRecord] | None = None,
         reference_ms: float | None = None,
         cache: CompileCache | None = None,
+        policy_version: int | None = None,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -165,7 +123,8 @@ class Search:
         the machine runs. Without it (offline), the measured milliseconds are used.
 
         ``sampler`` and ``evaluate`` replace TPE and the real build-and-measure step (the
-        search benchmark replays strategies over a table of real measurements with them)."""
+        search benchmark replays strategies over a table of real measurements with them).
+        ``policy_version``: stamped on every trial this search evaluates."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -181,6 +140,7 @@ class Search:
         self.reference_ms = reference_ms
         self.cache = cache
         self.seed = seed
+        self.policy_version = policy_version
 
     # ------------------------------------------------------------------ running
 
@@ -218,6 +178,7 @@ class Search:
                 self._tell(trial, rec)
                 continue
             rec = self.evaluate(trial.number, trial.params, recipe)
+            rec.policy_version = self.policy_version
             self._tell(trial, rec)
             seen[rec.recipe_hash] = rec
             records.append(rec)
@@ -229,7 +190,7 @@ class Search:
     def _tell(self, trial: optuna.Trial, rec: TrialRecord) -> None:
         trial.set_user_attr("record", rec.to_dict())
         if rec.state == "complete":
-            for key, value in self._constraints(rec).items():
+            for key, value in self.policy.violations(rec.drop, rec.latency_ms).items():
                 trial.set_constraint(key, value)
             self.study.tell(trial, [rec.ratio, max(rec.drop or 0.0, 0.0)])
         elif rec.state == "pruned":
@@ -237,13 +198,6 @@ class Search:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-
-    def _constraints(self, rec: TrialRecord) -> dict[str, float]:
-        """Constraint values (feasible when <= 0) from the policy."""
-        values = {"accuracy_drop": (rec.drop or 0.0) - self.policy.max_accuracy_drop}
-        if self.policy.latency_target_ms is not None and rec.latency_ms is not None:
-            values["latency_ms"] = rec.latency_ms - self.policy.latency_target_ms
-        return values
 
     def _evaluate(self, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
         t0 = time.monotonic()
@@ -272,7 +226,7 @@ class Search:
             quick = self.evaluator.score(variant.module, QUICK_INPUTS)
             phases["quick"] = time.monotonic() - t
             rec.quick_drop = quick.drop
-            if quick.drop > prune_threshold(policy):
+            if quick.drop > policy.prune_drop:
                 rec.state, rec.fidelity, rec.drop = "pruned", quick.fidelity, quick.drop
                 rec.message = f"pruned before timing: drop {quick.drop:.4f} on {quick.n} inputs"
                 return rec
@@ -301,8 +255,8 @@ class Search:
                 rec.latency_ms = timing.candidate_ms[pct]
             rec.timing = timing.to_dict()
             rec.state = "complete"
-            rec.feasible = all(v <= 0.0 for v in self._constraints(rec).values())
-            rec.violation = _normalized_violation(rec, policy)
+            rec.feasible = feasible(policy, rec)
+            rec.violation = policy.normalized_violation(rec.drop, rec.latency_ms)
             pace = "faster" if rec.speedup >= 1 else "slower"
             factor = rec.speedup if rec.speedup >= 1 else 1 / rec.speedup
             rec.message = (
@@ -374,49 +328,6 @@ class Search:
             drop=0.0,
             message="the unmodified model",
         )
-        rec.feasible = all(v <= 0.0 for v in self._constraints(rec).values())
-        rec.violation = _normalized_violation(rec, self.policy)
+        rec.feasible = feasible(self.policy, rec)
+        rec.violation = self.policy.normalized_violation(rec.drop, rec.latency_ms)
         return rec
-
-
-def prune_threshold(policy: Policy) -> float:
-    """A quick accuracy check (a few inputs) prunes a trial before it is timed when its drop
-    is past twice the budget plus a margin for the small sample: clearly infeasible."""
-    return 2 * policy.max_accuracy_drop + 0.01
-
-
-def _normalized_violation(rec: TrialRecord, policy: Policy) -> float:
-    """How far a trial is from feasible, in units of the policy's own bounds."""
-    v = max((rec.drop or 0.0) - policy.max_accuracy_drop, 0.0) / max(policy.max_accuracy_drop, 1e-3)
-    if policy.latency_target_ms is not None and rec.latency_ms is not None:
-        v += max(rec.latency_ms - policy.latency_target_ms, 0.0) / policy.latency_target_ms
-    return v
-
-
-def pareto_front(records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """Trials no other trial beats on both latency ratio and accuracy drop."""
-    front = []
-    for r in records:
-        dominated = any(
-            o is not r
-            and o.ratio <= r.ratio
-            and (o.drop or 0.0) <= (r.drop or 0.0)
-            and (o.ratio < r.ratio or (o.drop or 0.0) < (r.drop or 0.0))
-            for o in records
-        )
-        if not dominated:
-            front.append(r)
-    return sorted(front, key=lambda r: r.ratio)
-
-
-def pick(records: Sequence[TrialRecord], policy: Policy) -> TrialRecord | None:
-    """The policy's point of the front: the fastest feasible variant (ties within 2% go to
-    the more accurate), or the most accurate one under the latency target."""
-    feasible = [r for r in records if r.state == "complete" and r.feasible]
-    if not feasible:
-        return None
-    if policy.objective == "most_accurate":
-        return min(feasible, key=lambda r: ((r.drop or 0.0), r.ratio))
-    fastest = min(r.ratio for r in feasible)
-    near = [r for r in feasible if r.ratio <= fastest * 1.02]
-    return min(near, key=lambda r: ((r.drop or 0.0), r.ratio))

@@ -1,0 +1,97 @@
+"""What a search produces, apart from how it got there: one :class:`TrialRecord` per evaluated
+recipe, the :class:`SearchResult` of a run, and the choice among records: feasibility under a
+policy, the Pareto front (latency ratio, accuracy drop) and the policy's pick. Plain data and
+pure functions (no Optuna, no torch), shared by the live worker, ``pgc optimize`` and the
+search benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pgc_daemon.policy import Policy
+
+__all__ = ["SearchResult", "TrialRecord", "feasible", "pareto_front", "pick"]
+
+
+@dataclass
+class TrialRecord:
+    number: int
+    state: str  # complete | pruned | failed
+    params: dict[str, Any]
+    recipe: dict[str, Any]
+    recipe_hash: str
+    label: str
+    ratio: float | None = None
+    speedup: float | None = None
+    latency_ms: float | None = None
+    baseline_ms: float | None = None
+    fidelity: float | None = None
+    drop: float | None = None
+    feasible: bool = False
+    violation: float = 1e9
+    message: str = ""
+    duration_s: float = 0.0
+    duplicate: bool = False
+    timing: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per step: build, warm (compiles), quick and full accuracy, timing."""
+    quick_drop: float | None = None
+    """The drop on the quick accuracy check (a few inputs), before timing."""
+    policy_version: int | None = None
+    """The version of the policy the trial was evaluated under (None: offline, no store)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SearchResult:
+    records: list[TrialRecord]
+    front: list[TrialRecord]
+    chosen: TrialRecord | None
+    closest: list[TrialRecord]
+    baseline_ms: float | None
+    metric: str
+    message: str
+    study_name: str
+
+    @property
+    def feasible(self) -> bool:
+        return self.chosen is not None
+
+
+def feasible(policy: Policy, rec: TrialRecord) -> bool:
+    """Whether a record meets every constraint of the policy (accuracy drop, latency target)."""
+    return all(v <= 0.0 for v in policy.violations(rec.drop, rec.latency_ms).values())
+
+
+def pareto_front(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on both latency ratio and accuracy drop."""
+    front = []
+    for r in records:
+        dominated = any(
+            o is not r
+            and o.ratio <= r.ratio
+            and (o.drop or 0.0) <= (r.drop or 0.0)
+            and (o.ratio < r.ratio or (o.drop or 0.0) < (r.drop or 0.0))
+            for o in records
+        )
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: r.ratio)
+
+
+def pick(records: Sequence[TrialRecord], policy: Policy) -> TrialRecord | None:
+    """The policy's point of the front: the fastest feasible variant (ties within 2% go to
+    the more accurate), or the most accurate one under the latency target."""
+    ok = [r for r in records if r.state == "complete" and r.feasible]
+    if not ok:
+        return None
+    if policy.objective == "most_accurate":
+        return min(ok, key=lambda r: ((r.drop or 0.0), r.ratio))
+    fastest = min(r.ratio for r in ok)
+    near = [r for r in ok if r.ratio <= fastest * 1.02]
+    return min(near, key=lambda r: ((r.drop or 0.0), r.ratio))
