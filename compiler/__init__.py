@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from compiler._errors import BuildError, CompilerError, RecipeError
+from compiler._errors import BuildError, CompilerError, RecipeError, UnsafeFolderError
+from compiler.private import private_dir
 
 if TYPE_CHECKING:
     from compiler._registry import BuildReport, Example, register_transform, registered_parts
@@ -56,7 +57,9 @@ _LAZY: dict[str, str] = {
     "sensitivity": "compiler.sensitivity",
 }
 
-__all__ = sorted([*_LAZY, "BuildError", "CompilerError", "RecipeError"])
+__all__ = sorted(
+    [*_LAZY, "BuildError", "CompilerError", "RecipeError", "UnsafeFolderError", "private_dir"]
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -12,3 +12,7 @@ class RecipeError(CompilerError, ValueError):
 
 class BuildError(CompilerError, RuntimeError):
     """A valid recipe could not be built for this model on this machine."""
+
+
+class UnsafeFolderError(CompilerError, PermissionError):
+    """A folder pgc loads pickled graphs or generated code from is not private to this user."""

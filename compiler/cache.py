@@ -28,7 +28,8 @@ same key returns the very same compiled module.
 Layout of ``folder``: ``variants/<key digest>/{graph.pt2,meta.json}``, ``inductor/``,
 ``kernel_choices.json`` (kernel paths chosen by measurement, ``compiler._measure``). Variant
 folders beyond ``max_disk_bytes`` are removed oldest first. Files are read with
-``weights_only=False`` semantics (a pickled graph): keep the folder private to pgc.
+``weights_only=False`` semantics (a pickled graph), so the folder is private to pgc: created
+0700, refused when another user owns it or others may write to it (``compiler.private``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from torch.utils._pytree import tree_flatten
 from compiler._registry import Example
 from compiler.fingerprint import fingerprint
 from compiler.hardware import probe
+from compiler.private import private_dir
 from compiler.recipe import Recipe
 
 ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_", "TRITON_", "DNNL_", "ONEDNN_")
@@ -191,8 +193,8 @@ class CompileCache:
         self._memory: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
         if self.folder is not None:
-            (self.folder / "variants").mkdir(parents=True, exist_ok=True)
-            (self.folder / "inductor").mkdir(parents=True, exist_ok=True)
+            for sub in (self.folder, self.folder / "variants", self.folder / "inductor"):
+                private_dir(sub)
             from compiler import _measure
 
             _measure.set_store(self.folder)

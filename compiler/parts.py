@@ -11,14 +11,50 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from compiler._errors import RecipeError
 
-MEMORY_FORMATS = ("contiguous", "channels_last")
-PARTITION_STRATEGIES = ("latency", "memory")
-LINEAR_KERNELS = ("default", "triton")
+E = TypeVar("E", bound=StrEnum)
+
+
+class MemoryFormat(StrEnum):
+    CONTIGUOUS = "contiguous"
+    CHANNELS_LAST = "channels_last"
+
+
+class PartitionStrategy(StrEnum):
+    LATENCY = "latency"
+    MEMORY = "memory"
+
+
+class LinearKernel(StrEnum):
+    DEFAULT = "default"
+    TRITON = "triton"
+
+
+def values(kind: type[StrEnum]) -> tuple[str, ...]:
+    """The JSON words of a choice, in declaration order."""
+    return tuple(member.value for member in kind)
+
+
+MEMORY_FORMATS = values(MemoryFormat)
+PARTITION_STRATEGIES = values(PartitionStrategy)
+LINEAR_KERNELS = values(LinearKernel)
 MAX_BUCKETS = 16
+
+
+def choice(kind: type[E], value: object, message: str) -> E:
+    """``value`` as a member of ``kind`` (its JSON word or the member itself); ``RecipeError``
+    with ``message`` otherwise. The members are ``StrEnum``s, so they compare, hash, format
+    and serialize as their words: recipe JSON and hashes are the same as with plain strings."""
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    raise RecipeError(message)
 
 
 def only_keys(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
@@ -81,23 +117,25 @@ class Layout:
     on the way in; outputs come back in whatever format the last layer produced (values are
     the same)."""
 
-    memory_format: str = "contiguous"
+    memory_format: MemoryFormat = MemoryFormat.CONTIGUOUS
 
     def __post_init__(self) -> None:
-        if self.memory_format not in MEMORY_FORMATS:
-            raise RecipeError(
-                f"layout must be one of {MEMORY_FORMATS}, not {self.memory_format!r}"
-            )
+        fmt = choice(
+            MemoryFormat,
+            self.memory_format,
+            f"layout must be one of {MEMORY_FORMATS}, not {self.memory_format!r}",
+        )
+        object.__setattr__(self, "memory_format", fmt)
 
     @property
     def is_identity(self) -> bool:
-        return self.memory_format == "contiguous"
+        return self.memory_format is MemoryFormat.CONTIGUOUS
 
     def label(self) -> str:
-        return "" if self.is_identity else self.memory_format
+        return "" if self.is_identity else self.memory_format.value
 
     def to_dict(self) -> dict[str, Any]:
-        return {"memory_format": self.memory_format}
+        return {"memory_format": self.memory_format.value}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Layout:
@@ -116,21 +154,25 @@ class Kernels:
     CPU build.
     """
 
-    linear: str = "default"
+    linear: LinearKernel = LinearKernel.DEFAULT
 
     def __post_init__(self) -> None:
-        if self.linear not in LINEAR_KERNELS:
-            raise RecipeError(f"kernels.linear must be one of {LINEAR_KERNELS}, not {self.linear!r}")
+        kernel = choice(
+            LinearKernel,
+            self.linear,
+            f"kernels.linear must be one of {LINEAR_KERNELS}, not {self.linear!r}",
+        )
+        object.__setattr__(self, "linear", kernel)
 
     @property
     def is_identity(self) -> bool:
-        return self.linear == "default"
+        return self.linear is LinearKernel.DEFAULT
 
     def label(self) -> str:
-        return "" if self.is_identity else f"{self.linear}-linear"
+        return "" if self.is_identity else f"{self.linear.value}-linear"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"linear": self.linear}
+        return {"linear": self.linear.value}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Kernels:
@@ -216,23 +258,25 @@ class Partition:
     pt2e-quantized model) are compiled whole either way, and the report says so.
     """
 
-    strategy: str = "latency"
+    strategy: PartitionStrategy = PartitionStrategy.LATENCY
 
     def __post_init__(self) -> None:
-        if self.strategy not in PARTITION_STRATEGIES:
-            raise RecipeError(
-                f"partition must be one of {PARTITION_STRATEGIES}, not {self.strategy!r}"
-            )
+        strategy = choice(
+            PartitionStrategy,
+            self.strategy,
+            f"partition must be one of {PARTITION_STRATEGIES}, not {self.strategy!r}",
+        )
+        object.__setattr__(self, "strategy", strategy)
 
     @property
     def is_identity(self) -> bool:
-        return self.strategy == "latency"
+        return self.strategy is PartitionStrategy.LATENCY
 
     def label(self) -> str:
         return "" if self.is_identity else "memory"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.strategy}
+        return {"strategy": self.strategy.value}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Partition:

@@ -9,23 +9,77 @@ names the same variant in the store, the compile cache and the search.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
-from compiler._errors import RecipeError
-from compiler.parts import Fusion, Kernels, Layout, Partition, ShapeBuckets, only_keys
+import re2
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
-SCHEMES = ("dynamic", "static", "weight_only")
-GRANULARITIES = ("per_tensor", "per_channel")
-BACKENDS = ("eager", "inductor", "onnxruntime")
-MODES = ("default", "max-autotune")
+from compiler._errors import RecipeError
+from compiler.parts import (
+    Fusion,
+    Kernels,
+    Layout,
+    Partition,
+    ShapeBuckets,
+    choice,
+    only_keys,
+    values,
+)
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class Scheme(StrEnum):
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+    WEIGHT_ONLY = "weight_only"
+
+
+class Granularity(StrEnum):
+    PER_TENSOR = "per_tensor"
+    PER_CHANNEL = "per_channel"
+
+
+class BackendKind(StrEnum):
+    EAGER = "eager"
+    INDUCTOR = "inductor"
+    ONNXRUNTIME = "onnxruntime"
+
+
+class BackendMode(StrEnum):
+    DEFAULT = "default"
+    MAX_AUTOTUNE = "max-autotune"
+
+
+PRECISIONS = values(Precision)
+SCHEMES = values(Scheme)
+GRANULARITIES = values(Granularity)
+BACKENDS = values(BackendKind)
+MODES = values(BackendMode)
+#: The modes each backend takes (the first is its default); the API's recipe body says the same.
+BACKEND_MODES: dict[BackendKind, tuple[BackendMode, ...]] = {
+    BackendKind.EAGER: (BackendMode.DEFAULT,),
+    BackendKind.INDUCTOR: (BackendMode.DEFAULT, BackendMode.MAX_AUTOTUNE),
+    BackendKind.ONNXRUNTIME: (BackendMode.DEFAULT,),
+}
 DEFAULT_KEY = "_default"
 REGEX_PREFIX = "re:"
+#: Longest layer key accepted (module names are far shorter; a key is matched against every
+#: module name of the model, in the serving process when the agent builds a variant).
+MAX_KEY_CHARS = 256
+#: Memory RE2 may use for one compiled key (its program and DFA cache); a key that needs more
+#: is refused rather than matched slowly.
+REGEX_MAX_MEM = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -38,38 +92,44 @@ class LayerQuant:
     get one scale (``per_tensor``) or one per output channel (``per_channel``).
     """
 
-    precision: str = "fp32"
-    scheme: str | None = None
-    granularity: str = "per_channel"
+    precision: Precision = Precision.FP32
+    scheme: Scheme | None = None
+    granularity: Granularity = Granularity.PER_CHANNEL
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise RecipeError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
-        if self.precision == "int8":
-            if self.scheme not in SCHEMES:
-                raise RecipeError(f"int8 needs a scheme from {SCHEMES}, not {self.scheme!r}")
-        elif self.scheme is not None:
-            raise RecipeError(f"scheme {self.scheme!r} only applies to int8, not {self.precision}")
-        if self.granularity not in GRANULARITIES:
-            raise RecipeError(
-                f"granularity must be one of {GRANULARITIES}, not {self.granularity!r}"
+        precision = choice(
+            Precision, self.precision, f"precision must be one of {PRECISIONS}, not {self.precision!r}"
+        )
+        object.__setattr__(self, "precision", precision)
+        if precision is Precision.INT8:
+            scheme = choice(
+                Scheme, self.scheme, f"int8 needs a scheme from {SCHEMES}, not {self.scheme!r}"
             )
+            object.__setattr__(self, "scheme", scheme)
+        elif self.scheme is not None:
+            raise RecipeError(f"scheme {self.scheme!r} only applies to int8, not {precision}")
+        granularity = choice(
+            Granularity,
+            self.granularity,
+            f"granularity must be one of {GRANULARITIES}, not {self.granularity!r}",
+        )
+        object.__setattr__(self, "granularity", granularity)
 
     @property
     def is_identity(self) -> bool:
-        return self.precision == "fp32"
+        return self.precision is Precision.FP32
 
     def label(self) -> str:
-        if self.precision != "int8":
-            return self.precision
-        gran = "pc" if self.granularity == "per_channel" else "pt"
+        if self.precision is not Precision.INT8:
+            return self.precision.value
+        gran = "pc" if self.granularity is Granularity.PER_CHANNEL else "pt"
         return f"int8-{self.scheme}-{gran}"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"precision": self.precision}
-        if self.precision == "int8":
-            out["scheme"] = self.scheme
-            out["granularity"] = self.granularity
+        out: dict[str, Any] = {"precision": self.precision.value}
+        if self.precision is Precision.INT8:
+            out["scheme"] = self.scheme.value if self.scheme is not None else None
+            out["granularity"] = self.granularity.value
         return out
 
     @classmethod
@@ -93,13 +153,35 @@ class LayerQuant:
 FP32 = LayerQuant()
 
 
+@functools.lru_cache(maxsize=1024)
+def _layer_regex(pattern: str) -> Any:
+    """The compiled RE2 program of a layer key's pattern (cached: a recipe's keys are
+    compiled when it is validated, and matching every module name reuses them)."""
+    options = re2.Options()
+    options.log_errors = False  # refused keys are reported as RecipeError, not on stderr
+    options.max_mem = REGEX_MAX_MEM
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise RecipeError(f"bad regex in {REGEX_PREFIX + pattern!r}: {why}") from None
+
+
 @dataclass(frozen=True)
 class Quantization:
     """Per-layer choices by qualified module name.
 
     Keys, in increasing match priority: ``_default`` (every layer), ``re:<pattern>``
-    (``re.fullmatch`` on the module name; the first matching pattern in order wins), and an
+    (a full match on the module name; the first matching pattern in order wins), and an
     exact module name. Layers nothing matches stay fp32.
+
+    Patterns are RE2 syntax and matched by RE2 (``google-re2``), which never backtracks: the
+    time to match is linear in the name whatever the pattern, so a key cannot stall the
+    process that builds the variant (Python's ``re`` took 35 s per module name for a
+    24-character key with ten ``.*``). RE2 lacks look-around and backreferences; such keys,
+    keys RE2 cannot compile within :data:`REGEX_MAX_MEM`, and keys longer than
+    :data:`MAX_KEY_CHARS` are refused here (``RecipeError``). Each pattern is compiled once
+    per process (:func:`_layer_regex`), at validation, and reused for every module name.
     """
 
     rules: tuple[tuple[str, LayerQuant], ...] = ()
@@ -110,6 +192,10 @@ class Quantization:
         for key, choice in self.rules:
             if not isinstance(key, str) or not key:
                 raise RecipeError(f"layer keys must be non-empty strings, not {key!r}")
+            if len(key) > MAX_KEY_CHARS:
+                raise RecipeError(
+                    f"layer key {key[:40]!r}... is {len(key)} characters; at most {MAX_KEY_CHARS}"
+                )
             if not isinstance(choice, LayerQuant):
                 raise RecipeError(f"rule {key!r} must map to a LayerQuant, not {choice!r}")
             if key in seen:
@@ -118,10 +204,7 @@ class Quantization:
             if key == DEFAULT_KEY:
                 defaults.append((key, choice))
             elif key.startswith(REGEX_PREFIX):
-                try:
-                    re.compile(key[len(REGEX_PREFIX) :])
-                except re.error as exc:
-                    raise RecipeError(f"bad regex in {key!r}: {exc}") from None
+                _layer_regex(key[len(REGEX_PREFIX) :])  # RecipeError if RE2 refuses it
                 regexes.append((key, choice))
             else:
                 exact.append((key, choice))
@@ -146,7 +229,7 @@ class Quantization:
         if name in table:
             return table[name], name
         for key, choice in self.rules:
-            if key.startswith(REGEX_PREFIX) and re.fullmatch(key[len(REGEX_PREFIX) :], name):
+            if key.startswith(REGEX_PREFIX) and _layer_regex(key[len(REGEX_PREFIX) :]).fullmatch(name):
                 return choice, key
         if DEFAULT_KEY in table:
             return table[DEFAULT_KEY], DEFAULT_KEY
@@ -172,21 +255,19 @@ class Backend:
     ``max-autotune``), or exported to ONNX and run by ONNX Runtime (optional: needs the
     ``onnx`` extra; int8 layers are then quantized by ONNX Runtime's own quantizer)."""
 
-    kind: str = "eager"
-    mode: str = "default"
+    kind: BackendKind = BackendKind.EAGER
+    mode: BackendMode = BackendMode.DEFAULT
 
     def __post_init__(self) -> None:
-        if self.kind not in BACKENDS:
-            raise RecipeError(f"backend must be one of {BACKENDS}, not {self.kind!r}")
-        if self.mode not in MODES:
-            raise RecipeError(f"backend mode must be one of {MODES}, not {self.mode!r}")
-        if self.kind == "eager" and self.mode != "default":
+        kind = choice(BackendKind, self.kind, f"backend must be one of {BACKENDS}, not {self.kind!r}")
+        mode = choice(BackendMode, self.mode, f"backend mode must be one of {MODES}, not {self.mode!r}")
+        if mode not in BACKEND_MODES[kind]:
             raise RecipeError("backend mode applies to inductor only")
-        if self.kind == "onnxruntime" and self.mode != "default":
-            raise RecipeError("backend mode applies to inductor only")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "mode", mode)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "mode": self.mode}
+        return {"kind": self.kind.value, "mode": self.mode.value}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Backend:
@@ -292,7 +373,8 @@ class Recipe:
                 for c in others:
                     counts[c.label()] = counts.get(c.label(), 0) + 1
                 head += "+" + ",".join(f"{n} {lbl}" for lbl, n in sorted(counts.items()))
-        back = self.backend.kind if self.backend.mode == "default" else f"{self.backend.kind}-max"
+        kind = self.backend.kind.value
+        back = kind if self.backend.mode is BackendMode.DEFAULT else f"{kind}-max"
         extras = [
             part.label()
             for part in (self.fusion, self.layout, self.kernels, self.buckets, self.partition)

@@ -16,6 +16,7 @@ with the keys ``model``, ``example_inputs`` and optionally ``accuracy``, ``label
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -58,27 +59,107 @@ def as_examples(value: Any) -> list[Example]:
     return [as_example(i) for i in items]
 
 
-def resolve(path: str) -> Callable[[], Any]:
-    """Import ``package.module:function`` (the current directory is importable, as for
-    ``python -m``)."""
+@dataclass(frozen=True)
+class SpecOrigin:
+    """Where a spec's module was found in the serving process: the ``sys.path`` root it was
+    imported from, its file, and the file's SHA-256."""
+
+    root: str
+    file: str
+    sha256: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"root": self.root, "file": self.file, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpecOrigin:
+        return cls(str(data["root"]), str(data["file"]), str(data["sha256"]))
+
+
+def _split(path: str) -> tuple[str, str]:
     if ":" not in path:
         raise SpecError(f"MODEL_SPEC must look like package.module:function, not {path!r}")
     mod_name, _, attr = path.partition(":")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    return mod_name, attr
+
+
+def _digest(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def spec_origin(path: str) -> SpecOrigin | None:
+    """The origin of a spec's module as this process sees it, without importing anything not
+    already imported (``importlib.util.find_spec`` of the top package runs nothing); None when
+    the module has no source file (a namespace or a built-in) or cannot be found, or the spec
+    is malformed (the worker then refuses it with the reason)."""
+    if ":" not in path:
+        return None
+    mod_name, _ = _split(path)
+    module = sys.modules.get(mod_name)
+    file = getattr(module, "__file__", None) if module is not None else None
+    if file is None:
+        cwd = str(Path.cwd())
+        search = [cwd, *sys.path] if cwd not in sys.path else list(sys.path)
+        parts = mod_name.split(".")
+        for entry in search:
+            base = Path(entry or ".").resolve()
+            for candidate in (base.joinpath(*parts).with_suffix(".py"),
+                              base.joinpath(*parts, "__init__.py")):
+                if candidate.is_file():
+                    file = str(candidate)
+                    break
+            if file is not None:
+                break
+    if file is None or not Path(file).is_file():
+        return None
+    source = Path(file).resolve()
+    depth = len(mod_name.split(".")) + (1 if source.name == "__init__.py" else 0)
+    root = source.parents[depth - 1]
+    return SpecOrigin(str(root), str(source), _digest(source))
+
+
+def resolve(path: str, origin: SpecOrigin | None = None) -> Callable[[], Any]:
+    """Import ``package.module:function``.
+
+    With ``origin`` (what the serving process recorded), the module is imported only from
+    ``origin.root`` and only when ``origin.file`` still has the recorded digest, checked
+    before anything is imported; nothing else is added to ``sys.path``. Without it (the CLI's
+    ``pgc profile`` / ``pgc optimize`` on a spec the user typed), the current directory is
+    importable, as for ``python -m``."""
+    mod_name, attr = _split(path)
+    if origin is not None:
+        file = Path(origin.file)
+        try:
+            digest = _digest(file)
+        except OSError as exc:
+            raise SpecError(f"refused {path}: its module {file} cannot be read ({exc})") from None
+        if digest != origin.sha256:
+            raise SpecError(
+                f"refused {path}: {file} changed since the serving process registered it "
+                "(digest differs); attach the model again to register the new code"
+            )
+        root = origin.root
+    else:
+        root = str(Path.cwd())
+    if root not in sys.path:
+        sys.path.insert(0, root)
     try:
         module = importlib.import_module(mod_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the spec's problem
         raise SpecError(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
+    if origin is not None and Path(getattr(module, "__file__", "") or "").resolve() != Path(origin.file):
+        raise SpecError(
+            f"refused {path}: {mod_name} was imported from {module.__file__}, not from the "
+            f"recorded {origin.file}"
+        )
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise SpecError(f"{mod_name!r} has no function {attr!r}")
     return fn
 
 
-def load_spec(path: str) -> ModelSpec:
-    factory = resolve(path)
+def load_spec(path: str, origin: SpecOrigin | None = None) -> ModelSpec:
+    factory = resolve(path, origin)
     try:
         result = factory()
     except Exception as exc:  # noqa: BLE001

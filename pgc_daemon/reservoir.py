@@ -4,6 +4,14 @@ run on, so they see real traffic rather than made-up examples.
 Reservoir sampling (Algorithm R) with a floor on the replacement rate: once ``stale_after``
 calls have been seen, every call keeps at least ``capacity / stale_after`` odds of entering,
 so the sample follows traffic that drifts instead of freezing on the first hours.
+
+Bounded twice: by count (``capacity``, the ``reservoir_size`` setting) and by bytes
+(``max_bytes``, :data:`MAX_BYTES` unless given). The count alone is no bound on memory: 128
+batches of images can be gigabytes, copied out of the requests into the serving process and
+rewritten whole to the store every 30 s. Once the bytes are at the bound the reservoir
+stops growing and only replaces (so it holds fewer, larger inputs), a replacement that would
+pass the bound evicts other inputs at random, and one input larger than the whole bound is
+not kept (counted in ``too_large``).
 """
 
 from __future__ import annotations
@@ -18,6 +26,23 @@ import torch
 from compiler import Example
 
 
+#: Bytes of tensor data the reservoir holds at most (its ``torch.save`` payload is about as
+#: large): enough for 128 batches of 64 x 3 x 32 x 32 float images or thousands of text batches,
+#: small enough to copy, keep and rewrite inside someone's server without noticing.
+MAX_BYTES = 64 * 1024 * 1024
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of tensor data in a call's arguments (what a copy of them costs)."""
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
 def _detach(value: Any) -> Any:
     if torch.is_tensor(value):
         return value.detach().clone()
@@ -29,35 +54,78 @@ def _detach(value: Any) -> Any:
 
 
 class InputReservoir:
-    def __init__(self, capacity: int = 128, *, stale_factor: int = 100, seed: int = 0) -> None:
+    def __init__(
+        self,
+        capacity: int = 128,
+        *,
+        max_bytes: int = MAX_BYTES,
+        stale_factor: int = 100,
+        seed: int = 0,
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.stale_after = capacity * stale_factor
         self.seen = 0
         self.version = 0
+        self.too_large = 0
         self._items: list[Example] = []
+        self._sizes: list[int] = []
+        self._bytes = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data held now (at most ``max_bytes``)."""
+        return self._bytes
+
     def offer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Maybe keep this call's inputs (copied, so the caller may reuse its tensors)."""
+        size = _nbytes(args) + _nbytes(kwargs)
         with self._lock:
             self.seen += 1
-            if len(self._items) < self.capacity:
-                slot = len(self._items)
-            else:
+            if size > self.max_bytes:
+                self.too_large += 1
+                return
+            n = len(self._items)
+            if n < self.capacity and self._bytes + size <= self.max_bytes:
+                slot = n
+            else:  # full, by count or by bytes: replace one with odds n / seen
                 j = self._rng.randrange(min(self.seen, self.stale_after))
-                if j >= self.capacity:
+                if j >= n:
                     return
                 slot = j
         item = (_detach(tuple(args)), _detach(dict(kwargs)))
         with self._lock:
             if slot < len(self._items):
-                self._items[slot] = item
+                self._bytes -= self._sizes[slot]
+                self._items[slot], self._sizes[slot] = item, size
             else:
+                slot = len(self._items)
                 self._items.append(item)
+                self._sizes.append(size)
+            self._bytes += size
+            self._evict(keep=slot)
             self.version += 1
+
+    def _evict(self, keep: int | None = None) -> None:
+        """Drop inputs at random (never ``keep``) until within both bounds; under the lock."""
+        while len(self._items) > self.capacity or (self._bytes > self.max_bytes and len(self._items) > 1):
+            i = self._rng.randrange(len(self._items) - (keep is not None))
+            if keep is not None and i >= keep:
+                i += 1
+            last = len(self._items) - 1
+            self._bytes -= self._sizes[i]
+            # swap with the last and pop: O(1), and the order of a sample means nothing
+            self._items[i], self._sizes[i] = self._items[last], self._sizes[last]
+            self._items.pop()
+            self._sizes.pop()
+            if keep == last:
+                keep = i
 
     def __len__(self) -> int:
         return len(self._items)
@@ -77,7 +145,12 @@ class InputReservoir:
         return [(tuple(a), dict(k)) for a, k in items]
 
     def load(self, items: list[Example], seen: int | None = None) -> None:
+        """Replace the sample (a saved one, read back), within both bounds."""
+        kept = [item for item in items if _nbytes(item) <= self.max_bytes][: self.capacity]
         with self._lock:
-            self._items = list(items)[: self.capacity]
+            self._items = kept
+            self._sizes = [_nbytes(item) for item in kept]
+            self._bytes = sum(self._sizes)
+            self._evict()
             self.seen = max(seen or 0, len(self._items))
             self.version += 1

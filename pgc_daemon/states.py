@@ -48,6 +48,13 @@ TERMINAL = frozenset(state for state, nxt in TRANSITIONS.items() if not nxt)
 IN_FLIGHT = frozenset({D.BUILDING, D.WARMING, D.VERIFYING, D.CANARY})
 #: Not finished: at most one of these per model at a time.
 OPEN = IN_FLIGHT | {D.CANDIDATE}
+#: Heartbeat of in-flight deployments: while an agent's swapper works on a deployment it
+#: refreshes the deployment's ``updated_at`` at least every ``HEARTBEAT_S`` seconds (also
+#: through a long build or canary). A deployment in ``IN_FLIGHT`` not updated for
+#: ``STALE_AFTER_S`` seconds has lost its agent (``kill -9``, a host gone): any process may
+#: then move it to ``failed`` (a compare-and-set, so a live agent that races it just drops it).
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 60.0
 
 
 def allowed_from(to_state: D) -> frozenset[D]:

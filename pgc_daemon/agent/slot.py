@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from torch import nn
 
 BASE_LABEL = "fp32 · eager"
+#: During a canary, calls go to the candidate and the control in alternating blocks of this
+#: many; per-call alternation would make each call pay for the other's cold caches and
+#: sleeping worker threads, which is not what either costs once it serves alone.
+AB_BLOCK = 8
 
 
 @dataclass(frozen=True)
@@ -28,3 +32,10 @@ class Slot:
     @property
     def canary(self) -> bool:
         return self.control is not None
+
+    def arm(self, n: int) -> tuple[Slot, bool]:
+        """Which slot serves the ``n``-th call while this one is a canary, and whether that
+        call counts in the comparison: the first call of each block pays for the switch."""
+        if self.control is None:
+            return self, True
+        return (self.control if (n // AB_BLOCK) % 2 else self), n % AB_BLOCK != 0

@@ -4,76 +4,82 @@
 ``rolled_back``; a replaced active deployment becomes ``superseded``. Everyone else (the
 search, the API) only *creates* candidates; this thread, in the serving process, is the only
 one that moves them, because only it can swap the module. Every transition is written to the
-store with its reason. While the store is unreachable the thread keeps retrying and the
-current module keeps serving.
+store with its reason (:func:`pgc_daemon.states.move`, a compare-and-set). While the store is
+unreachable the thread keeps retrying and the current module keeps serving.
+
+What a deployment attempt promises, however it ends:
+
+- **The previous slot serves again** unless the deployment reached ``active``: restored in a
+  ``finally``, so a store error, a cancel or a bug part-way never leaves the process in A/B
+  canary mode with nothing judging it.
+- **Someone else may end it.** An operator's cancel (or another process failing a deployment
+  whose heartbeat went stale) makes the swapper's next move a
+  :class:`store.StoreConflict`; the swapper drops the build or the canary, restores the
+  previous slot and moves on. The heartbeat notices such a move within ``HEARTBEAT_S`` and
+  ends a running canary early.
+- **A store error fails it, once the store answers.** A deployment an unreachable store
+  interrupted part-way is not resumed: its build may be gone and its canary's numbers are
+  stale. When the store answers again, one still in flight is moved to ``failed`` with what
+  interrupted it (the optimizer or the operator proposes again); one still a ``candidate``
+  was never started and is simply tried again; one whose move to ``active`` had landed
+  though its answer was lost is served.
+- **Heartbeat** (:mod:`~pgc_daemon.agent.heartbeat`): the deployment's ``updated_at`` is
+  refreshed every ``HEARTBEAT_S`` while the swapper works on it.
+
+The swapper sees the served model only through :class:`~pgc_daemon.agent.contract.Served`;
+the canary is :mod:`~pgc_daemon.agent.canary`, and the thread, GIL and heap tricks that keep
+this work off the request path are :mod:`~pgc_daemon.agent.runtime`.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import contextlib
 import dataclasses
-import gc
 import logging
-import os
-import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import torch
+from typing import Any
 
 import store as st
+from compiler import warm
 from pgc_daemon import states
-from compiler import BuiltVariant, CompileCache, Recipe, build, fidelity, warm
-from pgc_daemon.errors import DeployFailed, describe
-from pgc_daemon.agent.livecompare import compare as compare_live
+from pgc_daemon.agent import canary
+from pgc_daemon.agent.contract import Served
+from pgc_daemon.agent.heartbeat import Heartbeat
+from pgc_daemon.agent.runtime import in_short_thread, lower_priority, settle_heap, short_gil_turns
 from pgc_daemon.agent.slot import Slot
-from pgc_daemon.agent.yielding import YieldToRequests
-from profiler import shape_key
-
-if TYPE_CHECKING:
-    from pgc_daemon.agent.served import ServedModel
+from pgc_daemon.agent.variants import Variants
+from pgc_daemon.errors import DeployFailed, describe
+from pgc_daemon.policy import Policy
+from pgc_daemon.states import D
 
 log = logging.getLogger("pgc.swapper")
-T = TypeVar("T")
-
-VERIFY_INPUTS = 32
-WARM_SHAPES = 8
-CALIBRATION_INPUTS = 32
-MIN_CANARY_CALLS = 20
-KEEP_BUILT = 3
-SWAPPER_NICE = 10
-#: The verification set (live inputs and their fp32 outputs) is kept this long even while the
-#: reservoir changes: recomputing fp32 on every deployment would take cores from requests.
-REFS_MAX_AGE_S = 600.0
-#: Python's thread switch interval while a deployment runs in this process. Compiling, the
-#: store's ORM and the canary's statistics hold the GIL for long stretches; a serving thread
-#: waits up to one interval for it after every torch op or compiled kernel (each releases it),
-#: so at the default 5 ms an eager forward pass of a few hundred ops can take seconds while a
-#: variant compiles, and a compiled one (its Python wrapper calls ~100 kernels) 2-3x longer
-#: while the swapper records transitions. At 0.1 ms that wait is small.
-SWITCH_INTERVAL_S = 1e-4
-
 
 class Swapper:
-    def __init__(self, served: ServedModel) -> None:
+    """The deployment thread of one served model.
+
+    Threading: everything below runs in the swapper's own thread (and the short-lived
+    threads it starts for torch work), except :meth:`start`, :meth:`stop` and ``busy``, which
+    the owner uses. ``busy`` is set while a deployment runs (the profiler's host samples
+    taken meanwhile do not count as a leak). :meth:`release` may also be called directly,
+    for a module built elsewhere (tests do), while the thread is idle.
+    """
+
+    def __init__(self, served: Served) -> None:
         self.served = served
+        self.registry = served.registry
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"pgc-swapper-{served.name}", daemon=True)
-        self._built: collections.OrderedDict[int, Slot] = collections.OrderedDict()
-        self._refs: tuple[int, float, list[Any], list[Any]] | None = None
-        """(reservoir version, taken at, inputs, fp32 outputs) of the verification set."""
-        self._scores: weakref.WeakKeyDictionary[torch.nn.Module, tuple[float, float]] = (
-            weakref.WeakKeyDictionary()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"pgc-swapper-{self.registry.name}", daemon=True
         )
-        """Fidelity of modules on the verification set taken at that time."""
-        self._cache: CompileCache | None = None
+        self.variants = Variants(served)
         self.busy = threading.Event()
         self.deployments_done = 0
+        self._interrupted: dict[int, _Interrupted] = {}
+        """Deployments a store error interrupted, settled when the store answers again."""
+        self._unrecorded_revert: tuple[Slot, str] | None = None
+        """A revert to the base done in memory whose store records failed (retried)."""
+        self._moved: threading.Event | None = None  # set by the heartbeat: someone else moved it
+        self._failing: str | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -86,15 +92,18 @@ class Swapper:
     # ------------------------------------------------------------------ loop
 
     def _loop(self) -> None:
-        served = self.served
-        backoff = served.settings.poll_s
-        _lower_priority()
+        served, reg = self.served, self.registry
+        backoff = reg.settings.poll_s
+        lower_priority()
         while not self._stop.is_set():
             try:
-                if served.model_id is None:
-                    served.register()
-                    log.info("registered model %s (id %s)", served.name, served.model_id)
-                served.ensure_metric()
+                if reg.model_id is None:
+                    base_dep = reg.register()
+                    if served.slot.module is served.base:
+                        served.swap(served.base_slot(base_dep))
+                    log.info("registered model %s (id %s)", reg.name, reg.model_id)
+                reg.ensure_metric()
+                self._settle_interrupted()
                 self._handle_failed_variant()
                 for dep_id in self._pending():
                     if self._stop.is_set():
@@ -103,11 +112,13 @@ class Swapper:
                     try:
                         # no per-layer hooks while variants compile, warm up, verify and
                         # canary: tracing must not see them, nor a compiled module guard on them
-                        with served.profiler.paused(), _short_gil_turns():
+                        with served.profiler.paused(), short_gil_turns(), Heartbeat(reg, dep_id) as beat:
+                            self._moved = beat.moved
                             self._deploy(dep_id)
                     finally:
+                        self._moved = None
                         self.busy.clear()
-                backoff = served.settings.poll_s
+                backoff = reg.settings.poll_s
             except st.StoreError as exc:
                 log.warning("store unavailable (%s); serving continues, retrying", describe(exc))
                 backoff = min(backoff * 2, 30.0)
@@ -119,85 +130,150 @@ class Swapper:
     def _pending(self) -> list[int]:
         """Candidates to deploy, oldest first; none until live inputs exist to warm up and
         verify with (a candidate waits rather than fails)."""
-        if len(self.served.reservoir) == 0:
+        if len(self.registry.reservoir) == 0:
             return []
-        with self.served.store().session() as sess:
-            return [d.id for d in st.repo.pending_deployments(sess, self.served.model_id)]
+        with self.registry.store().session() as sess:
+            return [d.id for d in st.repo.pending_deployments(sess, self.registry.id)]
+
+    def _settle_interrupted(self) -> None:
+        """Deployments a store error interrupted, now that the store answers (see the module
+        docstring): fail those in flight, serve one whose activation had landed."""
+        for dep_id, what in list(self._interrupted.items()):
+            with self.registry.store().session() as sess:
+                try:
+                    dep = st.repo.get_deployment(sess, dep_id)
+                except st.NotFound:
+                    dep = None
+                if dep is not None and dep.state in states.IN_FLIGHT:
+                    reason = f"interrupted by a store error ({what.error}); not resumed"
+                    if what.reason:
+                        reason = f"{what.reason}; {reason}"
+                    states.move(sess, dep_id, D.FAILED, reason)
+                    st.repo.add_event(sess, self.registry.id, "deploy_failed", reason, level="warning")
+                    log.warning("deployment %s failed: %s", dep_id, reason)
+            self._interrupted.pop(dep_id, None)
+            if dep is not None and dep.state == D.ACTIVE and self.served.slot.deployment_id != dep_id:
+                self._serve_landed(dep_id, dep.variant_id)
+
+    def _serve_landed(self, dep_id: int, variant_id: int | None) -> None:
+        """A deployment whose move to ``active`` committed although its answer was lost:
+        serve it (it is warm), or, if it is gone from memory, record what does serve."""
+        slot = self.variants.in_memory(variant_id) if variant_id is not None else None
+        if slot is None:  # not expected: a deployment's module is kept warm from its build on
+            lost = Slot(self.served.base, variant_id, "lost variant", False, dep_id)
+            return self._revert_to_base(lost, "its module is gone after a store error")
+        self.served.swap(_replace(slot, deployment_id=dep_id, control=None))
+        log.info("deployment %s had become active before the store failed; serving it", dep_id)
 
     def _handle_failed_variant(self) -> None:
         """An active (non-canary) variant failed a live request: return to the base module."""
         served = self.served
-        if not served.variant_failure.is_set():
+        if self._unrecorded_revert is not None:
+            slot, reason = self._unrecorded_revert
+            self._record_revert(slot, reason)
+        error = served.take_variant_failure()
+        if error is None:
             return
-        served.variant_failure.clear()
         slot = served.slot
         if slot.module is served.base:
             return
-        reason = f"variant failed live requests: {served.last_variant_error}"
-        self._revert_to_base(slot, reason)
+        self._revert_to_base(slot, f"variant failed live requests: {error}")
 
     def _revert_to_base(self, slot: Slot, reason: str) -> None:
+        """Serve the base module now, then record it; records a store error kept from are
+        retried (``_unrecorded_revert``) rather than lost."""
         served = self.served
         served.swap(served.base_slot())
-        with served.store().session() as sess:
+        self._unrecorded_revert = (slot, reason)
+        self._record_revert(slot, reason)
+
+    def _record_revert(self, slot: Slot, reason: str) -> None:
+        served, reg = self.served, self.registry
+        with reg.store().session() as sess:
             if slot.deployment_id is not None:
-                states.move(sess, slot.deployment_id, "rolled_back", reason)
+                current = st.repo.get_deployment(sess, slot.deployment_id)
+                if current.state in states.allowed_from(D.ROLLED_BACK):
+                    states.move(sess, slot.deployment_id, D.ROLLED_BACK, reason)
             dep = st.repo.create_deployment(
-                sess, served.model_id, served.baseline_variant_id, source="rollback", reason=reason
+                sess, reg.id, reg.baseline_variant_id, source="rollback", reason=reason
             )
-            states.move(sess, dep.id, "active", "base module restored")
-            st.repo.add_event(sess, served.model_id, "rollback", reason, level="warning")
-        served.swap(served.base_slot(dep.id))
+            states.move(sess, dep.id, D.ACTIVE, "base module restored")
+            st.repo.add_event(sess, reg.id, "rollback", reason, level="warning")
+        self._unrecorded_revert = None
+        if served.slot.module is served.base:
+            served.swap(served.base_slot(dep.id))
 
     # ------------------------------------------------------------------ one deployment
 
-    def _transition(self, dep_id: int, state: str, reason: str, **fields: Any) -> None:
-        with self.served.store().session() as sess:
+    def _transition(self, dep_id: int, state: D, reason: str, **fields: Any) -> None:
+        with self.registry.store().session() as sess:
             states.move(sess, dep_id, state, reason, **fields)
 
     def _deploy(self, dep_id: int) -> None:
+        """One attempt at a deployment. Whatever ends it short of ``active`` (a failure, a
+        cancel, a store error, a bug), the slot that served before serves again."""
         served = self.served
-        with served.store().session() as sess:
+        before = served.slot
+        variant_id: list[int | None] = [None]
+        self._failing = None
+        try:
+            self._attempt(dep_id, variant_id)
+        except st.StoreConflict as exc:
+            log.info("deployment %s was moved by someone else (%s); dropped", dep_id, exc)
+        except st.StoreError as exc:
+            self._interrupted[dep_id] = _Interrupted(variant_id[0], describe(exc), self._failing)
+            raise
+        finally:
+            now = served.slot
+            if now is not before and (now.deployment_id != dep_id or now.canary):
+                served.swap(before)  # not active: what served before serves again
+
+    def _attempt(self, dep_id: int, variant_id: list[int | None]) -> None:
+        served, reg = self.served, self.registry
+        with reg.store().session() as sess:
             dep = st.repo.get_deployment(sess, dep_id)
             variant = st.repo.get_variant(sess, dep.variant_id) if dep.variant_id else None
             source = dep.source
         if variant is None:
-            self._transition(dep_id, "failed", "deployment names no variant")
+            self._transition(dep_id, D.FAILED, "deployment names no variant")
             return
-        policy = served.current_policy()
+        variant_id[0] = variant.id
+        policy = reg.current_policy()
         current = served.slot
         if current.variant_id == variant.id:
-            self._transition(dep_id, "failed", f"{variant.label} is already serving")
+            self._transition(dep_id, D.FAILED, f"{variant.label} is already serving")
             return
         try:
             # A rollback to a module still in memory skips the build.
-            reuse = self._module_in_memory(variant.id)
+            reuse = self.variants.in_memory(variant.id)
             if reuse is not None and source == "rollback":
                 self._finish_rollback(dep_id, reuse, current)
                 return
             if reuse is not None:
-                self._transition(dep_id, "building", f"{variant.label} is built already")
-                self._transition(dep_id, "warming", "warm already", build_s=0.0)
-                self._transition(dep_id, "verifying", "verifying fidelity", warm_s=0.0)
+                self._transition(dep_id, D.BUILDING, f"{variant.label} is built already")
+                self._transition(dep_id, D.WARMING, "warm already", build_s=0.0)
+                self._transition(dep_id, D.VERIFYING, "verifying fidelity", warm_s=0.0)
                 slot = _replace(reuse, deployment_id=dep_id, control=None)
             else:
-                self._transition(dep_id, "building", f"building {variant.label}")
-                built = in_short_thread(self._build, variant.recipe)
+                self._transition(dep_id, D.BUILDING, f"building {variant.label}")
+                built = in_short_thread(self.variants.build, variant.recipe)
                 self._transition(
                     dep_id,
-                    "warming",
+                    D.WARMING,
                     f"built in {built.report.build_s:.1f}s; warming up",
                     build_s=built.report.build_s,
                 )
-                examples = self._warm_examples()
+                examples = self.variants.warm_examples()
                 warm_s = in_short_thread(warm, built, examples)
                 self._transition(
-                    dep_id, "verifying", f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
+                    dep_id, D.VERIFYING, f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
                 )
-                slot = self._slot_for(built, variant.id, variant.label, dep_id)
-                self._remember(slot)
-                if served.settings.gc_freeze:
-                    _settle_heap()
+                slot = Slot(built.module, variant.id, variant.label, built.hookable, dep_id)
+                self.variants.remember(slot)
+                if reg.settings.gc_freeze:
+                    settle_heap()
+        except st.StoreError:
+            raise  # a cancel (StoreConflict) or the store failing: _deploy's to handle
         except DeployFailed as exc:
             self._fail(dep_id, str(exc))
             return
@@ -206,352 +282,119 @@ class Swapper:
             return
         self.release(dep_id, slot, policy, source)
 
-    def release(self, dep_id: int, slot: Slot, policy: Any, source: str = "manual") -> bool:
+    def release(self, dep_id: int, slot: Slot, policy: Policy, source: str = "manual") -> bool:
         """From ``verifying`` on, for a built and warmed module: verify its fidelity on live
-        inputs, swap it in as a canary beside what serves, and make it active or roll it back.
-        Returns whether it became active."""
+        inputs, swap it in as a canary beside what serves, and make it active, roll it back or
+        fail it. Returns whether it became active; whenever it did not, the slot that served
+        before serves again (also when this raises)."""
         served = self.served
+        before = served.slot
+        active = False
+        try:
+            active = self._release(dep_id, slot, policy, source)
+            return active
+        finally:
+            if not active and served.slot is not before:
+                served.swap(before)
+
+    def _release(self, dep_id: int, slot: Slot, policy: Policy, source: str) -> bool:
+        served, reg = self.served, self.registry
         label = slot.label
         try:
-            verified = in_short_thread(self._verify, slot.module, policy.min_fidelity)
+            verified = in_short_thread(self.variants.verify, slot.module, policy.min_fidelity)
         except DeployFailed as exc:
             self._fail(dep_id, str(exc))
             return False
         except Exception as exc:  # noqa: BLE001
             self._fail(dep_id, f"{type(exc).__name__}: {describe(exc)}")
             return False
+        if self._stop.is_set():
+            self._fail(dep_id, "agent stopped before the deployment finished")
+            return False
         current = served.slot
         t0 = time.perf_counter()
         if policy.canary_s > 0:
             previous = served.swap(_replace(slot, control=current))
         else:
-            previous = served.swap(slot)
+            previous = current
         swap_ms = (time.perf_counter() - t0) * 1e3
         if policy.canary_s > 0:
             self._transition(
                 dep_id,
-                "canary",
+                D.CANARY,
                 f"verified fidelity {verified:.4f}; canary for {policy.canary_s:.0f}s beside "
                 "the previous module",
                 swap_ms=swap_ms,
             )
-            ok, reason, live = self._canary(slot, previous, policy)
+            result = canary.run(served, slot, previous, policy, self._stop, self._moved)
         else:
-            ok, reason, live = True, f"verified fidelity {verified:.4f}; no canary", {}
-        if not ok:
+            result = canary.Verdict(True, f"verified fidelity {verified:.4f}; no canary", {})
+        reason, live = result.reason, result.live
+        if not result.keep:
             served.swap(previous)
-            self._transition(dep_id, "rolled_back", reason, **live)
-            with served.store().session() as sess:
-                st.repo.add_event(sess, served.model_id, "rollback", reason, level="warning")
-            log.warning("rolled back %s: %s", label, reason)
+            self._transition(dep_id, result.end, reason, **live)
+            kind = "rollback" if result.end == D.ROLLED_BACK else "deploy_failed"
+            with reg.store().session() as sess:
+                st.repo.add_event(sess, reg.id, kind, reason, level="warning")
+            log.warning("%s %s: %s", "rolled back" if kind == "rollback" else "failed", label, reason)
             return False
-        served.swap(slot)
-        with served.store().session() as sess:
+        # the store first: the process serves the candidate alone only once the store says so
+        with reg.store().session() as sess:
             if previous.deployment_id is not None:
                 prev = st.repo.get_deployment(sess, previous.deployment_id)
-                if prev.state == "active":
-                    end = "rolled_back" if source == "rollback" else "superseded"
+                if prev.state == D.ACTIVE:
+                    end = D.ROLLED_BACK if source == "rollback" else D.SUPERSEDED
                     states.move(sess, prev.id, end, f"replaced by {label}")
             states.move(
                 sess,
                 dep_id,
-                "active",
+                D.ACTIVE,
                 reason,
                 swap_ms=swap_ms,
                 previous_variant_id=previous.variant_id,
                 **live,
             )
-            st.repo.add_event(sess, served.model_id, "deployed", f"{label} is active: {reason}")
+            st.repo.add_event(sess, reg.id, "deployed", f"{label} is active: {reason}")
+        served.swap(slot)
         self.deployments_done += 1
         log.info("deployed %s: %s", label, reason)
         return True
 
     def _fail(self, dep_id: int, reason: str) -> None:
         log.warning("deployment %s failed: %s", dep_id, reason)
-        self._transition(dep_id, "failed", reason)
-        with self.served.store().session() as sess:
-            st.repo.add_event(sess, self.served.model_id, "deploy_failed", reason, level="warning")
-
-    def _module_in_memory(self, variant_id: int) -> Slot | None:
-        """A warm module for this variant, if one was built recently (or is the base)."""
-        served = self.served
-        if variant_id == served.baseline_variant_id:
-            return served.base_slot()
-        return self._built.get(variant_id)
-
-    def _remember(self, slot: Slot) -> None:
-        """Keep the last few built variants warm, so going back and forth between them (a
-        rollback, an operator's A/B) swaps in milliseconds instead of recompiling."""
-        if slot.variant_id is None:
-            return
-        self._built[slot.variant_id] = slot
-        self._built.move_to_end(slot.variant_id)
-        while len(self._built) > KEEP_BUILT:
-            self._built.popitem(last=False)
+        self._failing = reason  # kept if the store fails now: the deployment is failed later
+        self._transition(dep_id, D.FAILED, reason)
+        with self.registry.store().session() as sess:
+            st.repo.add_event(sess, self.registry.id, "deploy_failed", reason, level="warning")
 
     def _finish_rollback(self, dep_id: int, target: Slot, current: Slot) -> None:
-        served = self.served
-        new = _replace(target, deployment_id=dep_id, control=None)
-        served.swap(new)
-        with served.store().session() as sess:
+        """Roll back to a module still in memory: recorded first, then swapped in (a store
+        error leaves what serves unchanged)."""
+        reg = self.registry
+        with reg.store().session() as sess:
             if current.deployment_id is not None:
                 cur = st.repo.get_deployment(sess, current.deployment_id)
-                if cur.state == "active":
-                    states.move(sess, cur.id, "rolled_back", "rolled back on request")
+                if cur.state == D.ACTIVE:
+                    states.move(sess, cur.id, D.ROLLED_BACK, "rolled back on request")
             states.move(
                 sess,
                 dep_id,
-                "active",
+                D.ACTIVE,
                 f"rolled back to {target.label}",
                 previous_variant_id=current.variant_id,
             )
-            st.repo.add_event(sess, served.model_id, "rollback", f"rolled back to {target.label}")
-
-    def _build(self, recipe_data: dict[str, Any]) -> BuiltVariant:
-        recipe = Recipe.from_dict(recipe_data)
-        samples = self.served.reservoir.snapshot()
-        if self._cache is None:
-            self._cache = CompileCache(self.served.settings.compile_cache_path())
-        return build(
-            self.served.base,
-            recipe,
-            calibration=samples[:CALIBRATION_INPUTS],
-            example=samples[0] if samples else None,
-            cache=self._cache,
-        )
-
-    def _warm_examples(self) -> list[Any]:
-        samples = self.served.reservoir.snapshot()
-        if not samples:
-            raise DeployFailed("no live inputs captured yet to warm up and verify with")
-        by_shape: dict[str, Any] = {}
-        for args, kwargs in samples:
-            by_shape.setdefault(shape_key(args, kwargs), (args, kwargs))
-        return list(by_shape.values())[:WARM_SHAPES]
-
-    def _verify(self, module: torch.nn.Module, min_fidelity: float) -> float:
-        """Fidelity of ``module`` against the base on live inputs. The verification set (the
-        inputs and the base's outputs) is kept for a while (``REFS_MAX_AGE_S``); a module
-        already scored on the same set (one kept warm, deployed again) is not run again: the
-        same module on the same inputs gives the same outputs."""
-        served = self.served
-        now = time.monotonic()
-        if self._refs is None or (
-            self._refs[0] != served.reservoir.version and now - self._refs[1] > REFS_MAX_AGE_S
-        ):
-            samples = served.reservoir.snapshot()[:VERIFY_INPUTS]
-            with torch.inference_mode(), self._background_reference():
-                refs = [served.base(*a, **k) for a, k in samples]
-            self._refs = (served.reservoir.version, now, samples, refs)
-        _, taken_at, samples, refs = self._refs
-        metric = served.metric or "sqnr"
-        known = self._scores.get(module)
-        if known is not None and known[0] == taken_at:
-            score = known[1]
-        else:
-            with torch.inference_mode():
-                outs = [module(*a, **k) for a, k in samples]
-            score = fidelity(metric, refs, outs)
-            self._scores[module] = (taken_at, score)
-        if score < min_fidelity:
-            raise DeployFailed(
-                f"verification failed: {metric} fidelity {score:.4f} < required {min_fidelity:.4f}"
-            )
-        return score
-
-    @contextlib.contextmanager
-    def _background_reference(self) -> Iterator[None]:
-        """For fp32 reference forwards of the eager base in a swapper thread: one intra-op
-        thread (no second OpenMP team beside the serving threads'), and every op waits for a
-        moment without requests (:class:`YieldToRequests`)."""
-        with _one_thread(), YieldToRequests(self.served.serving_now):
-            yield
-
-    def _shadow_scores(self, shadow: list[Any], metric: str) -> list[float]:
-        """Fidelity of live canary outputs against the fp32 base on the same inputs."""
-        scores = []
-        with torch.inference_mode(), self._background_reference():
-            for _variant, (args, kwargs), out in shadow:
-                scores.append(fidelity(metric, [self.served.base(*args, **kwargs)], [out]))
-        return scores
-
-    def _slot_for(self, built: BuiltVariant, variant_id: int, label: str, dep_id: int) -> Slot:
-        return Slot(built.module, variant_id, label, built.hookable, dep_id)
-
-    # ------------------------------------------------------------------ canary
-
-    def _canary(
-        self, slot: Slot, control: Slot, policy: Any
-    ) -> tuple[bool, str, dict[str, float]]:
-        """Serve live calls in alternating blocks by the candidate and the control, compare
-        them on the same traffic at the same time; shadow-check the candidate's outputs against the
-        fp32 base on a sample of live inputs. Returns (keep?, reason, live numbers)."""
-        served = self.served
-        served.live[control.variant_id].clear()
-        served.live[slot.variant_id].clear()
-        served.variant_failure.clear()
-        served.request_shadow(policy.canary_shadow_samples)
-        started = time.monotonic()
-        deadline = started + policy.canary_s
-        hard_deadline = started + 3 * policy.canary_s
-        shadow_scores: list[float] = []
-        metric = served.metric or "sqnr"
-        while not self._stop.is_set():
-            self._stop.wait(0.2)
-            if served.variant_failure.is_set():
-                served.variant_failure.clear()
-                served.request_shadow(0)
-                return False, f"canary failed live requests: {served.last_variant_error}", {}
-            shadow = served.take_shadow()
-            if shadow:
-                shadow_scores.extend(in_short_thread(self._shadow_scores, shadow, metric))
-            now = time.monotonic()
-            if now >= hard_deadline:
-                break
-            if now >= deadline:
-                after = list(served.live[slot.variant_id])
-                before = list(served.live[control.variant_id])
-                if min(len(after), len(before)) >= MIN_CANARY_CALLS and compare_live(
-                    after, before
-                ).certain(policy.canary_latency_tolerance):
-                    break  # more calls would not change the verdict
-        served.request_shadow(0)
-        before = list(served.live[control.variant_id])
-        after = list(served.live[slot.variant_id])
-        live: dict[str, float] = {}
-        notes = []
-        if len(after) >= MIN_CANARY_CALLS and len(before) >= MIN_CANARY_CALLS:
-            c = compare_live(after, before)
-            live["live_speedup"] = c.speedup
-            said = (
-                f"live latency {c.candidate_ms:.2f} ms vs {c.control_ms:.2f} ms for the control "
-                f"(trimmed means of {c.calls[0]} and {c.calls[1]} calls; ratio {c.ratio:.2f}, "
-                f"95% CI {c.low:.2f}-{c.high:.2f})"
-            )
-            if c.too_slow(policy.canary_latency_tolerance):
-                return (
-                    False,
-                    f"{said}: slower than the {policy.canary_latency_tolerance:.0%} tolerance",
-                    live,
-                )
-            notes.append(said)
-        else:
-            notes.append(f"too little traffic to judge latency ({len(after)} calls)")
-        if shadow_scores:
-            live_fid = sum(shadow_scores) / len(shadow_scores)
-            live["live_fidelity"] = live_fid
-            floor = policy.min_fidelity - 0.5 * policy.max_accuracy_drop
-            if live_fid < floor:
-                return (
-                    False,
-                    f"shadow {metric} fidelity {live_fid:.4f} on {len(shadow_scores)} live "
-                    f"inputs < {floor:.4f}",
-                    live,
-                )
-            notes.append(f"shadow {metric} {live_fid:.4f} on {len(shadow_scores)} inputs")
-        return True, "canary passed: " + "; ".join(notes), live
-
-
-def in_short_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn`` in a thread that ends when it returns (and re-raise what it raised).
-
-    A thread that has run parallel torch work keeps an OpenMP team; while it lives, libgomp
-    counts more threads than cores and stops spin-waiting at its barriers, and every forward
-    pass in the process slows down: measured on MiniLM with 2 cores, serving threads ran 2x
-    slower (17 -> 28 ms fp32, 7 -> 16 ms int8) for as long as the thread that had built a
-    variant lived, idle or not, and recovered the moment it ended. The swapper lives as long
-    as the model is served, so its torch work runs in threads like this one (which inherit
-    its lower priority)."""
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-            error.append(exc)
-
-    worker = threading.Thread(target=run, name="pgc-swapper-work", daemon=True)
-    worker.start()
-    worker.join()
-    if error:
-        raise error[0]
-    return result[0]
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Torch work in this thread without an OpenMP team: a second team beside the serving
-    threads' makes every thread's barriers sleep instead of spin (more threads than cores).
-    Only for eager modules: compiled code was generated for the serving thread count.
-    ``torch.set_num_threads`` also sets the count that threads starting meanwhile take, so it
-    is put back before the short-lived thread this runs in ends."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-_turns_lock = threading.Lock()
-_turns_depth = 0
-_turns_before = 0.0
-
-
-@contextlib.contextmanager
-def _short_gil_turns() -> Iterator[None]:
-    """While a deployment runs here, serving threads get the GIL back quickly. The interval is
-    one per process, and the swappers of several served models may overlap: the first to
-    enter sets it, the last to leave puts it back."""
-    global _turns_depth, _turns_before
-    with _turns_lock:
-        if _turns_depth == 0:
-            _turns_before = sys.getswitchinterval()
-            sys.setswitchinterval(min(_turns_before, SWITCH_INTERVAL_S))
-        _turns_depth += 1
-    try:
-        yield
-    finally:
-        with _turns_lock:
-            _turns_depth -= 1
-            if _turns_depth == 0:
-                sys.setswitchinterval(_turns_before)
-
-
-_unfreeze_at_exit = False
-
-
-def _settle_heap() -> None:
-    """Collect what compiling left behind, then freeze what survives (``gc.freeze``).
-
-    Compiling a variant leaves millions of long-lived Python objects (the FX graphs, guards and
-    generated code it keeps), and every full collection afterwards scans them all with the GIL
-    held: measured 100-540 ms stalls of every serving thread on MiniLM. Frozen objects are
-    left out of collections. This is one long collection now, while deploying, instead of one
-    on the request path every few seconds. Unfreezing first lets a variant dropped from the
-    warm set (or anything else frozen last time) be collected."""
-    global _unfreeze_at_exit
-    started = time.perf_counter()
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-    if not _unfreeze_at_exit:  # let the interpreter's last collections free frozen objects
-        atexit.register(gc.unfreeze)
-        _unfreeze_at_exit = True
-    log.debug("heap settled in %.0f ms; %d objects frozen", (time.perf_counter() - started) * 1e3,
-              gc.get_freeze_count())
-
-
-def _lower_priority() -> None:
-    """Run this thread (and the compiler processes it starts) at a lower CPU priority than
-    the serving threads: building, compiling and verifying must not take the cores from
-    requests. Linux applies nice values per thread; elsewhere this does nothing."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SWAPPER_NICE)
-    except (AttributeError, OSError):
-        log.debug("could not lower the swapper's priority", exc_info=True)
+            st.repo.add_event(sess, reg.id, "rollback", f"rolled back to {target.label}")
+        self.served.swap(_replace(target, deployment_id=dep_id, control=None))
 
 
 def _replace(slot: Slot, **changes: Any) -> Slot:
     return dataclasses.replace(slot, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interrupted:
+    """A deployment a store error interrupted: its variant, the error, why it was being failed."""
+
+    variant_id: int | None
+    error: str
+    reason: str | None = None

@@ -97,3 +97,60 @@ def test_invalid_values_are_rejected_with_a_value_error(make: object) -> None:
 def test_labels_parse_back() -> None:
     for text in ("fp32", "bf16", "fp16", "int8-dynamic-pc", "int8-static-pt", "int8-weight_only-pc"):
         assert LayerQuant.parse(text).label() == text
+
+
+#: Hashes printed by the code before the choices became enums (stored in the store and the
+#: compile cache, so they may never change): the JSON and the hash of a recipe are its words.
+PINNED = [
+    ({}, "39d396af8456404f727819f901b549accc97cf1694ec745da7b95e385dc1c72d"),
+    (
+        {
+            "quantization": {
+                "_default": {"precision": "int8", "scheme": "dynamic", "granularity": "per_channel"},
+                "re:enc.*": {"precision": "bf16"},
+                "fc": "int8-static-pt",
+            },
+            "backend": {"kind": "inductor", "mode": "max-autotune"},
+        },
+        "e40528bf61f1a0e16a0279f7003c59250b98de98b85e50b7ae03c2d42e52ac6e",
+    ),
+    (
+        {
+            "quantization": {"_default": "fp16"},
+            "backend": {"kind": "eager", "mode": "default"},
+            "fusion": {"conv_bn": True, "conv_bn_relu": True, "linear_act": False},
+            "layout": {"memory_format": "channels_last"},
+            "kernels": {"linear": "triton"},
+            "buckets": {"sizes": [64, 128]},
+            "partition": {"strategy": "memory"},
+        },
+        "5aa202cbba0646c7b2af51e92e91b0c932a91db56dd51f01c739d5f92530c00f",
+    ),
+    (
+        {"quantization": {"_default": "int8-weight_only-pc"}, "backend": {"kind": "onnxruntime"}},
+        "a4b8e87d54706b7cb729e07f172f977b2900d5ac02438db9e704365d8bae2eb8",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "digest"), PINNED, ids=range(len(PINNED)))
+def test_recipe_hashes_are_pinned(data: dict, digest: str) -> None:
+    recipe = Recipe.from_dict(data)
+    assert recipe.hash == digest
+    assert Recipe.from_json(recipe.to_json()).hash == digest
+    # the JSON holds plain words, not enum members
+    assert all(type(v) is str for v in json.loads(recipe.to_json())["backend"].values())
+
+
+def test_choices_are_enums_and_take_their_words() -> None:
+    from compiler.recipe import BackendKind, Granularity, Precision, Scheme
+
+    q = LayerQuant("int8", "static", "per_tensor")
+    assert q.precision is Precision.INT8 and q.scheme is Scheme.STATIC
+    assert q.granularity is Granularity.PER_TENSOR
+    assert q == LayerQuant(Precision.INT8, Scheme.STATIC, Granularity.PER_TENSOR)
+    assert hash(q) == hash(LayerQuant(Precision.INT8, Scheme.STATIC, Granularity.PER_TENSOR))
+    assert Backend("inductor").kind is BackendKind.INDUCTOR and Backend("inductor").kind == "inductor"
+    for bad in (1, None, ["int8"], "INT8"):
+        with pytest.raises(RecipeError, match="precision must be one of"):
+            LayerQuant(bad)  # type: ignore[arg-type]

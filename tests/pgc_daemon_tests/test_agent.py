@@ -124,13 +124,15 @@ def test_a_failing_variant_falls_back_and_is_reverted(mlp_spec: dict, settings: 
 
 
 def test_a_candidate_that_fails_verification_never_serves(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
-    served = _attach(mlp_spec, settings, max_accuracy_drop=0.0)
+    served = _attach(mlp_spec, settings, max_accuracy_drop=0.0, canary_latency_tolerance=10.0)
     try:
         for x in _inputs(mlp_spec):
             served(x)
-        # int8-dynamic-pt changes some argmaxes; with a zero budget it must not pass
-        dep = deploy(store, "mlp", Recipe(quantization=Quantization.of({"_default": "bf16"})))
-        wait_for(lambda: deployment_state(store, dep) in ("failed", "active"), timeout=60)
+        # bf16 may change some argmaxes; with a zero budget it must not pass. Traffic runs in
+        # case it passes verification: a canary promotes only on live evidence.
+        with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=2):
+            dep = deploy(store, "mlp", Recipe(quantization=Quantization.of({"_default": "bf16"})))
+            wait_for(lambda: deployment_state(store, dep) in ("failed", "active"), timeout=60)
         state = deployment_state(store, dep)
         with store.session() as s:
             reason = st.repo.get_deployment(s, dep).reason
@@ -157,24 +159,23 @@ def test_an_unreachable_store_never_fails_requests(mlp_spec: dict, tmp_path: Any
 
 
 def test_restarted_agent_restores_the_variant_that_served(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
-    served = _attach(mlp_spec, settings)
+    # a canary promotes only on live evidence: traffic runs while each deployment canaries
+    served = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
     try:
-        for x in _inputs(mlp_spec):
-            served(x)
-        dep = deploy(store, "mlp", INT8)
-        wait_for(lambda: deployment_state(store, dep) == "active", timeout=60)
+        with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=2):
+            dep = deploy(store, "mlp", INT8)
+            wait_for(lambda: deployment_state(store, dep) == "active", timeout=60)
     finally:
         served.close()
-    again = _attach(mlp_spec, settings)
+    again = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
     try:
-        for x in _inputs(mlp_spec):
-            again(x)
 
         def restored() -> bool:
             with store.session() as s:
                 return st.repo.active_deployment(s, again.model_id).source == "restore"
 
-        wait_for(restored, timeout=60, what="restore")
+        with Load(again, mlp_spec["model"], _inputs(mlp_spec), threads=2):
+            wait_for(restored, timeout=60, what="restore")
         assert again.slot.label == INT8.label() and not again.slot.canary
     finally:
         again.close()
@@ -195,7 +196,7 @@ def test_calls_during_torch_fx_tracing_in_another_thread_are_served(mlp_spec: di
     import threading
     import time
 
-    from pgc_daemon.agent.served import _tracing_now
+    from pgc_daemon.agent.runtime import tracing_now
 
     served = _attach(mlp_spec, settings)
     x = _inputs(mlp_spec)[0]
@@ -204,9 +205,9 @@ def test_calls_during_torch_fx_tracing_in_another_thread_are_served(mlp_spec: di
         tracer = threading.Thread(target=lambda: torch.fx.Tracer().trace(_Sleepy()))
         tracer.start()
         deadline = time.monotonic() + 5
-        while not _tracing_now() and time.monotonic() < deadline:
+        while not tracing_now() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _tracing_now(), "the tracer should be running"
+        assert tracing_now(), "the tracer should be running"
         with pytest.raises(NameError):  # what any plain call of a module meets right now
             mlp_spec["model"](x)
         out = served(x)  # the agent waits for the tracer and serves the call

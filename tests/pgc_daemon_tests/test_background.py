@@ -13,8 +13,7 @@ import torch
 
 from pgc_daemon import attach
 from pgc_daemon.settings import Settings
-from pgc_daemon.agent.swapper import _one_thread, _short_gil_turns
-from pgc_daemon.agent.yielding import YieldToRequests
+from pgc_daemon.agent.runtime import YieldToRequests, one_thread, short_gil_turns
 
 from .helpers import wait_for
 
@@ -90,7 +89,7 @@ def test_served_model_is_busy_exactly_while_a_request_runs(mlp_spec: dict[str, A
 
 def test_one_thread_puts_the_thread_count_back() -> None:
     before = torch.get_num_threads()
-    with _one_thread():
+    with one_thread():
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
 
@@ -100,7 +99,7 @@ def test_overlapping_deployments_restore_the_switch_interval() -> None:
     first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
 
     def first() -> None:
-        with _short_gil_turns():
+        with short_gil_turns():
             first_in.set()
             second_in.wait(5)
         first_out.set()
@@ -108,7 +107,7 @@ def test_overlapping_deployments_restore_the_switch_interval() -> None:
     t = threading.Thread(target=first)
     t.start()
     assert first_in.wait(5)
-    with _short_gil_turns():
+    with short_gil_turns():
         second_in.set()
         assert first_out.wait(5)
         assert sys.getswitchinterval() < original  # the other swapper left; this one still runs

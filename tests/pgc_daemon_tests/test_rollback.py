@@ -4,6 +4,7 @@ reverted by the canary without a failed request."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from typing import Any
 
@@ -15,6 +16,8 @@ from compiler import Quantization, Recipe
 from pgc_daemon import attach
 from pgc_daemon.policy import Policy
 from pgc_daemon.settings import Settings
+from pgc_daemon.states import D
+from pgc_daemon.agent import canary
 from pgc_daemon.agent.slot import Slot
 
 from .helpers import Load, deployment_state, wait_for
@@ -50,7 +53,7 @@ def _candidate(store: st.Store) -> int:
         m = st.repo.get_model(s, "mlp")
         v = st.repo.get_or_create_variant(s, m.id, recipe.hash, recipe.to_dict(), "slowed")
         dep = st.repo.create_deployment(s, m.id, v.id, source="manual", reason="test").id
-        for state in ("building", "warming", "verifying"):
+        for state in (D.BUILDING, D.WARMING, D.VERIFYING):
             states.move(s, dep, state, "built by the test")
     return dep
 
@@ -63,7 +66,7 @@ def test_a_variant_slower_on_live_traffic_is_rolled_back(mlp_spec: dict, setting
             wait_for(lambda: load.calls > 30, what="traffic")
             dep = _candidate(store)
             slowed = Slowed(copy.deepcopy(mlp_spec["model"]), extra_ms=5.0)
-            ok = served.swapper.release(dep, Slot(slowed, None, "slowed", True, dep), served.current_policy())
+            ok = served.swapper.release(dep, Slot(slowed, None, "slowed", True, dep), served.registry.current_policy())
             before = load.calls
             wait_for(lambda: load.calls > before + 20, what="traffic after the rollback")
         assert not ok
@@ -92,11 +95,12 @@ def test_a_variant_inaccurate_on_live_inputs_fails_the_shadow_check(mlp_spec: di
     try:
         with Load(served, mlp_spec["model"], inputs, threads=2) as load:
             wait_for(lambda: load.calls > 20, what="traffic")
-            wait_for(lambda: served.metric == "top1", what="the metric chosen from live outputs")
+            wait_for(lambda: served.registry.metric == "top1", what="the metric chosen from live outputs")
             control = served.slot
             candidate = Slot(broken, 999, "scrambled", True, None)
             served.swap(Slot(broken, 999, "scrambled", True, None, control=control))
-            ok, reason, live = served.swapper._canary(candidate, control, Policy(canary_s=1.0, canary_shadow_samples=8))
+            policy = Policy(canary_s=1.0, canary_shadow_samples=8)
+            ok, reason, live, _end = canary.run(served, candidate, control, policy, threading.Event())
             served.swap(control)
         assert not ok
         assert "shadow top1 fidelity" in reason

@@ -1,0 +1,116 @@
+"""The variants a swapper deploys: building them, warming them up, verifying their fidelity
+against the base on live inputs, and keeping the last few warm.
+
+Threading: everything here runs in the swapper's thread or the short-lived threads it starts
+for torch work (:func:`~pgc_daemon.agent.runtime.in_short_thread`), one call at a time.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import weakref
+from typing import Any
+
+import torch
+
+from compiler import BuiltVariant, CompileCache, Recipe, build, fidelity
+from pgc_daemon.agent.contract import Served
+from pgc_daemon.agent.runtime import background_reference
+from pgc_daemon.agent.slot import Slot
+from pgc_daemon.errors import DeployFailed
+from profiler import shape_key
+
+VERIFY_INPUTS = 32
+WARM_SHAPES = 8
+CALIBRATION_INPUTS = 32
+KEEP_BUILT = 3
+#: The verification set (live inputs and their fp32 outputs) is kept this long even while the
+#: reservoir changes: recomputing fp32 on every deployment would take cores from requests.
+REFS_MAX_AGE_S = 600.0
+
+
+
+class Variants:
+    """Built variants of one served model and the verification set they are checked on."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self._built: collections.OrderedDict[int, Slot] = collections.OrderedDict()
+        self._refs: tuple[int, float, list[Any], list[Any]] | None = None
+        """(reservoir version, taken at, inputs, fp32 outputs) of the verification set."""
+        self._scores: weakref.WeakKeyDictionary[torch.nn.Module, tuple[float, float]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Fidelity of modules on the verification set taken at that time."""
+        self._cache: CompileCache | None = None
+
+    def in_memory(self, variant_id: int) -> Slot | None:
+        """A warm module for this variant, if one was built recently (or is the base)."""
+        if variant_id == self.served.registry.baseline_variant_id:
+            return self.served.base_slot()
+        return self._built.get(variant_id)
+
+    def remember(self, slot: Slot) -> None:
+        """Keep the last few built variants warm, so going back and forth between them (a
+        rollback, an operator's A/B) swaps in milliseconds instead of recompiling."""
+        if slot.variant_id is None:
+            return
+        self._built[slot.variant_id] = slot
+        self._built.move_to_end(slot.variant_id)
+        while len(self._built) > KEEP_BUILT:
+            self._built.popitem(last=False)
+
+    def build(self, recipe_data: dict[str, Any]) -> BuiltVariant:
+        """Build a recipe's variant of the base module, calibrated on live inputs."""
+        recipe = Recipe.from_dict(recipe_data)
+        samples = self.served.registry.reservoir.snapshot()
+        if self._cache is None:
+            self._cache = CompileCache(self.served.registry.settings.compile_cache_path())
+        return build(
+            self.served.base,
+            recipe,
+            calibration=samples[:CALIBRATION_INPUTS],
+            example=samples[0] if samples else None,
+            cache=self._cache,
+        )
+
+    def warm_examples(self) -> list[Any]:
+        """Live inputs to warm a variant up with, one per shape seen."""
+        samples = self.served.registry.reservoir.snapshot()
+        if not samples:
+            raise DeployFailed("no live inputs captured yet to warm up and verify with")
+        by_shape: dict[str, Any] = {}
+        for args, kwargs in samples:
+            by_shape.setdefault(shape_key(args, kwargs), (args, kwargs))
+        return list(by_shape.values())[:WARM_SHAPES]
+
+    def verify(self, module: torch.nn.Module, min_fidelity: float) -> float:
+        """Fidelity of ``module`` against the base on live inputs. The verification set (the
+        inputs and the base's outputs) is kept for a while (``REFS_MAX_AGE_S``); a module
+        already scored on the same set (one kept warm, deployed again) is not run again: the
+        same module on the same inputs gives the same outputs."""
+        served, reservoir = self.served, self.served.registry.reservoir
+        now = time.monotonic()
+        if self._refs is None or (
+            self._refs[0] != reservoir.version and now - self._refs[1] > REFS_MAX_AGE_S
+        ):
+            samples = reservoir.snapshot()[:VERIFY_INPUTS]
+            with torch.inference_mode(), background_reference(served.serving_now):
+                refs = [served.base(*a, **k) for a, k in samples]
+            self._refs = (reservoir.version, now, samples, refs)
+        _, taken_at, samples, refs = self._refs
+        metric = self.served.registry.metric or "sqnr"
+        known = self._scores.get(module)
+        if known is not None and known[0] == taken_at:
+            score = known[1]
+        else:
+            with torch.inference_mode():
+                outs = [module(*a, **k) for a, k in samples]
+            score = fidelity(metric, refs, outs)
+            self._scores[module] = (taken_at, score)
+        if score < min_fidelity:
+            raise DeployFailed(
+                f"verification failed: {metric} fidelity {score:.4f} < required {min_fidelity:.4f}"
+            )
+        return score

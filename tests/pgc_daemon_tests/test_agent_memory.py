@@ -1,0 +1,90 @@
+"""The agent's memory stays bounded inside someone's server: a replaced variant is not kept
+alive by the profiler, and the input reservoir is bounded in bytes as well as in count."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+from typing import Any
+
+import torch
+
+from pgc_daemon import attach
+from pgc_daemon.agent.slot import Slot
+from pgc_daemon.reservoir import InputReservoir
+from pgc_daemon.settings import Settings
+
+from .helpers import wait_for
+
+
+def _promote(served: Any, module: torch.nn.Module, variant_id: int) -> None:
+    """What the swapper does for one deployment: the candidate on canary beside what serves,
+    then the candidate alone."""
+    candidate = Slot(module, variant_id, f"variant {variant_id}", True, variant_id)
+    served.swap(Slot(module, variant_id, candidate.label, True, variant_id, control=served.slot))
+    served.swap(candidate)
+
+
+def test_replaced_variants_are_collected(mlp_spec: dict, settings: Settings) -> None:
+    served = attach(mlp_spec["model"], name="mlp", settings=settings)
+    try:
+        wait_for(lambda: served.model_id is not None, what="registration")
+        refs = []
+        for i in range(5):
+            variant = copy.deepcopy(mlp_spec["model"])
+            refs.append(weakref.ref(variant))
+            _promote(served, variant, 100 + i)
+            served(mlp_spec["example_inputs"][0][0])
+            del variant
+        # a rolled-back candidate is let go of as well
+        rejected = copy.deepcopy(mlp_spec["model"])
+        rejected_ref = weakref.ref(rejected)
+        current = served.slot
+        served.swap(Slot(rejected, 200, "rejected", True, 200, control=current))
+        served.swap(current)
+        del rejected, current
+        gc.collect()
+        alive = [i for i, r in enumerate(refs) if r() is not None]
+        assert alive == [4], f"variants still referenced: {alive}"
+        assert rejected_ref() is None
+        assert served.profiler.watched == 2  # the base and the variant serving now
+    finally:
+        served.close()
+
+
+def test_the_reservoir_is_bounded_in_bytes() -> None:
+    batch = 64 * 1024  # bytes of one input
+    r = InputReservoir(capacity=128, max_bytes=1024 * 1024, seed=0)
+    x = torch.zeros(batch // 4)  # float32
+    for i in range(2000):
+        x.fill_(i)
+        r.offer((x,), {})
+        assert r.nbytes <= r.max_bytes
+    assert len(r) == 16 and r.nbytes == 16 * batch  # 1 MiB of 64 KiB inputs
+    values = sorted(int(a[0][0]) for a, _ in r.snapshot())
+    assert len(set(values)) == 16 and max(values) > 100  # a sample, and later traffic got in
+    # an input larger than the whole bound is not kept, and counted
+    r.offer((torch.zeros(2 * 1024 * 1024 // 4),), {})
+    assert r.too_large == 1 and len(r) == 16
+    # larger inputs later: replacing evicts others until within the bound again
+    big = torch.ones(256 * 1024 // 4)
+    for _ in range(500):
+        r.offer((big,), {})
+        assert r.nbytes <= r.max_bytes
+    assert len(r) >= 4
+    # what a restarted agent loads back is bounded too
+    again = InputReservoir(capacity=128, max_bytes=300 * 1024)
+    again.load(r.snapshot(), seen=r.seen)
+    assert again.nbytes <= 300 * 1024 and len(again) >= 1
+
+
+def test_attach_bounds_the_reservoir_by_the_default_byte_bound(mlp_spec: dict, settings: Settings) -> None:
+    from pgc_daemon.reservoir import MAX_BYTES
+
+    served = attach(mlp_spec["model"], name="mlp", settings=settings)
+    try:
+        assert served.reservoir.max_bytes == MAX_BYTES == 64 * 1024 * 1024
+        assert served.reservoir.capacity == settings.reservoir_size
+    finally:
+        served.close()
