@@ -11,6 +11,10 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Starlette's TestClient names the server "testserver" in Host; the API answers loopback names
+# only, unless told otherwise (PGC_ALLOWED_HOSTS). Tests that build their own TestClient get it
+# allowed here; the security tests give their apps explicit settings and check the default.
+os.environ.setdefault("PGC_ALLOWED_HOSTS", "testserver")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 

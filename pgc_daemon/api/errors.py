@@ -30,10 +30,20 @@ RESPONSES_MUTATING: Responses = {
     400: {"model": ErrorBody, "description": "the body could not be read (not UTF-8 JSON)"},
     401: {
         "model": ErrorBody,
-        "description": "missing or wrong bearer token (only when PGC_API_TOKEN is set)",
+        "description": "missing or wrong bearer token (the server always has one: PGC_API_TOKEN "
+        "or its token file, see `pgc token`)",
         "headers": {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
     },
+    413: {"model": ErrorBody, "description": "the body is larger than PGC_MAX_BODY_BYTES"},
+    415: {"model": ErrorBody, "description": "the body is not sent as application/json"},
     **RESPONSES_422,
+}
+RESPONSES_429: Responses = {
+    429: {
+        "model": ErrorBody,
+        "description": "a search of this model started less than PGC_MIN_SEARCH_INTERVAL_S ago",
+        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+    }
 }
 RESPONSES_409: Responses = {409: {"model": ErrorBody, "description": "conflicts with work in progress"}}
 RESPONSES_503: Responses = {503: {"model": ErrorBody, "description": "the store is unavailable"}}

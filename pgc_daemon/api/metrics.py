@@ -5,6 +5,8 @@ Units are base units (seconds, bytes, ratios); label cardinality is bounded: per
 series per variant the model served (the search's budget bounds those), the ``top_k``
 hottest layers only, and fixed outcome, state and percentile values.
 
+A scrape computes every family once per ``TTL_S`` (1 s), shared by concurrent scrapes.
+
 Counters count rows of the store (requests, trials, deployments that reached an outcome):
 they only grow, except when the retention policy prunes statistics older than
 ``PGC_RETENTION_H``, which Prometheus's ``rate()`` reads as a counter reset.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,10 +27,16 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from sqlalchemy.orm import Session
+
 import store as st
 from pgc_daemon import states
-from pgc_daemon.policy import Policy
-from pgc_daemon.services.queries import baseline_variant, deployment_outcomes, latency_summary
+from pgc_daemon.api.cache import TTL_S, TickCache
+from pgc_daemon.policy import load_policy
+from pgc_daemon.services.queries import baseline_variant, latency_summary
+from pgc_daemon.services.timeline import Outcome, deployment_outcomes
+from pgc_daemon.states import D
+from store import RUN_OPEN
 from profiler import LATENCY_BUCKETS_MS
 
 WINDOW_S = 300.0
@@ -204,12 +212,23 @@ class _Families:
 
 
 class StoreCollector(Collector):
-    def __init__(self, store: st.Store, *, window_s: float = WINDOW_S, top_k: int = LAYER_TOP_K) -> None:
+    def __init__(
+        self,
+        store: st.Store,
+        *,
+        window_s: float = WINDOW_S,
+        top_k: int = LAYER_TOP_K,
+        ttl_s: float = TTL_S,
+    ) -> None:
         self.store = store
         self.window_s = window_s
         self.top_k = top_k
+        self._cache: TickCache[list[Metric]] = TickCache(self._collect, ttl_s)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._cache.get()
+
+    def _collect(self) -> list[Metric]:
         f = _Families(self.window_s, self.top_k)
         up = GaugeMetricFamily(
             "pgc_store_up", "Whether the store answered this scrape (1) or not (0)", value=1
@@ -223,10 +242,9 @@ class StoreCollector(Collector):
             up = GaugeMetricFamily(
                 "pgc_store_up", "Whether the store answered this scrape (1) or not (0)", value=0
             )
-        yield up
-        yield from f.all()
+        return [up, *f.all()]
 
-    def _model(self, s: Any, model: st.Model, f: _Families) -> None:
+    def _model(self, s: Session, model: st.Model, f: _Families) -> None:
         now = time.time()
         recent_since = now - self.window_s
         name = model.name
@@ -236,9 +254,9 @@ class StoreCollector(Collector):
             v = variants.get(vid) if vid is not None else None
             return [name, str(vid) if vid is not None else "", v.label if v else "unregistered"]
 
-        # ---- requests (every stored window read once)
-        by_variant: dict[int | None, list[st.RequestStat]] = {}
-        for w in st.repo.request_windows(s, model.id):
+        # ---- requests (every stored window read once, its numbers only)
+        by_variant: dict[int | None, list[Any]] = {}
+        for w in st.repo.request_window_numbers(s, model.id):
             by_variant.setdefault(w.variant_id, []).append(w)
         for vid, windows in sorted(by_variant.items(), key=lambda kv: kv[0] or 0):
             labels = vlabels(vid)
@@ -279,8 +297,7 @@ class StoreCollector(Collector):
             f.live_speedup.add_metric([name], live["speedup"])
 
         # ---- policy
-        row = st.repo.get_policy(s, model.id)
-        policy = Policy.parse(row.settings if row else {})
+        policy = load_policy(s, model.id).policy
         f.max_drop.add_metric([name], policy.max_accuracy_drop)
         if policy.latency_target_ms is not None:
             f.latency_target.add_metric([name, policy.latency_percentile], policy.latency_target_ms * MS)
@@ -295,15 +312,12 @@ class StoreCollector(Collector):
             f.layer_share.add_metric([name, r["layer"], r["op_type"]], r["share"])
 
         # ---- search
-        counts: dict[str, int] = {}
-        for t in st.repo.list_trials(s, model.id, limit=1_000_000):
-            counts[t.state] = counts.get(t.state, 0) + 1
-        for state, n in sorted(counts.items()):
+        for state, n in sorted(st.repo.trial_counts(s, model.id).items()):
             f.trials.add_metric([name, state], n)
         runs = st.repo.list_search_runs(s, model.id, limit=1)
         if runs:
             run = runs[0]
-            f.search_running.add_metric([name], float(run.state in ("queued", "running")))
+            f.search_running.add_metric([name], float(run.state in RUN_OPEN))
             f.search_done.add_metric([name], run.trials_done)
             f.search_budget.add_metric([name], run.trials_budget)
             if run.best_speedup is not None:
@@ -312,15 +326,15 @@ class StoreCollector(Collector):
             f.search_running.add_metric([name], 0.0)
 
         # ---- deployments
-        deps = st.repo.list_deployments(s, model.id, limit=1_000_000)
-        outcomes = {"deployed": 0, "rolled_back": 0, "failed": 0}
+        deps = st.repo.list_deployments(s, model.id, limit=st.repo.KEEP_DEPLOYMENTS)
+        outcomes = dict.fromkeys(get_args(Outcome), 0)
         for d in deps:
             for o in deployment_outcomes(d):
                 outcomes[o] += 1
         for o, n in outcomes.items():
             f.deployments.add_metric([name, o], n)
         f.in_flight.add_metric([name], sum(d.state in states.OPEN for d in deps))
-        active = next((d for d in deps if d.state == "active"), None)
+        active = next((d for d in deps if d.state == D.ACTIVE), None)
         if active is not None:
             f.active.add_metric([*vlabels(active.variant_id), active.source], 1.0)
         swaps = [d.swap_ms * MS for d in deps if d.swap_ms is not None]

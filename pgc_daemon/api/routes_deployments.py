@@ -1,19 +1,28 @@
-"""Deployments: history, deploying a variant, rolling back."""
+"""Deployments: history, deploying a variant, rolling back, cancelling."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Path, status
+from sqlalchemy.orm import Session
 
 import store as st
 from pgc_daemon.api.deps import StoreDep, TokenDep
 from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_409, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.routes_models import model_or_404
-from pgc_daemon.api.schemas import DeploymentPublic, DeployRequest, RollbackRequest
-from pgc_daemon.services.deployments import request_deploy, request_rollback
+from pgc_daemon.api.schemas import (
+    MAX_ID,
+    CancelRequest,
+    DeploymentPublic,
+    DeployRequest,
+    RollbackRequest,
+)
+from pgc_daemon.services.deployments import request_cancel, request_deploy, request_rollback
 
 router = APIRouter(prefix="/api/models", tags=["deployments"], responses=RESPONSES_503)
+
+DeploymentId = Annotated[int, Path(ge=1, le=MAX_ID, description="a deployment of this model")]
 
 
 def deployment_public(d: st.Deployment, variants: dict[int, st.Variant]) -> dict[str, Any]:
@@ -55,7 +64,7 @@ def list_deployments(name: str, store: StoreDep) -> list[dict[str, Any]]:
         return [deployment_public(d, variants) for d in st.repo.list_deployments(s, model.id)]
 
 
-def _public(s: Any, dep: st.Deployment) -> dict[str, Any]:
+def _public(s: Session, dep: st.Deployment) -> dict[str, Any]:
     variants = {v.id: v for v in st.repo.list_variants(s, dep.model_id)}
     return deployment_public(dep, variants)
 
@@ -69,10 +78,10 @@ def _public(s: Any, dep: st.Deployment) -> dict[str, Any]:
     summary="Deploy a variant (by id or recipe); the agent builds, verifies and canaries it",
 )
 def deploy(name: str, body: DeployRequest, store: StoreDep) -> dict[str, Any]:
-    recipe = body.recipe.model_dump(exclude_none=True) if body.recipe is not None else None
+    # RecipeError -> 422, NotFound -> 404, Conflict -> 409 (errors.py)
+    recipe = body.recipe.to_recipe() if body.recipe is not None else None
     with store.session() as s:
         model_or_404(s, name)
-        # RecipeError -> 422, NotFound -> 404, Conflict -> 409 (errors.py)
         dep = request_deploy(s, name, variant_id=body.variant_id, recipe=recipe, reason=body.reason)
         return _public(s, dep)
 
@@ -84,9 +93,29 @@ def deploy(name: str, body: DeployRequest, store: StoreDep) -> dict[str, Any]:
     responses={**RESPONSES_404, **RESPONSES_MUTATING, **RESPONSES_409},
     dependencies=[TokenDep],
     summary="Return to what served before the active variant (or to the fp32 base)",
+    description="The body is JSON: `{}`, or `{\"reason\": ...}`.",
 )
-def rollback(name: str, store: StoreDep, body: RollbackRequest | None = None) -> dict[str, Any]:
-    reason = body.reason if body else RollbackRequest().reason
+def rollback(name: str, body: RollbackRequest, store: StoreDep) -> dict[str, Any]:
+    reason = body.reason
     with store.session() as s:
         model_or_404(s, name)
         return _public(s, request_rollback(s, name, reason=reason))
+
+
+@router.post(
+    "/{name}/deployments/{deployment_id}/cancel",
+    response_model=DeploymentPublic,
+    responses={**RESPONSES_404, **RESPONSES_MUTATING, **RESPONSES_409},
+    dependencies=[TokenDep],
+    summary="Cancel an open deployment (a candidate, or one the agent is still working on)",
+    description="The body is JSON: `{}`, or `{\"reason\": ...}`. 409 when the deployment has "
+    "already finished (or finished meanwhile). An agent building it notices at its next step "
+    "and drops the build.",
+)
+def cancel(
+    name: str, deployment_id: DeploymentId, body: CancelRequest, store: StoreDep
+) -> dict[str, Any]:
+    reason = body.reason
+    with store.session() as s:
+        model_or_404(s, name)
+        return _public(s, request_cancel(s, name, deployment_id, reason))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -16,8 +16,18 @@ from pgc_daemon.api.schemas import Health
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health, responses=RESPONSES_503, summary="Store and optimizer loop status")
+@router.get(
+    "/healthz",
+    response_model=Health,
+    responses=RESPONSES_503,
+    summary="Store and optimizer loop status",
+    description="503 with a one-line `detail` when the store does not take a write within a "
+    "second, or when its SQLite file was deleted or replaced while this server had it open.",
+)
 def healthz(store: StoreDep, daemon: DaemonDep) -> dict[str, Any]:
+    problem = store.health()
+    if problem is not None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, problem)
     with store.session() as s:
         n = len(st.repo.list_models(s))
     info: dict[str, Any] = {"running": daemon is not None}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
 
 import store as st
-from pgc_daemon.api.deps import StoreDep, TokenDep
-from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_503, RESPONSES_MUTATING
+from pgc_daemon.api.deps import SearchLimitDep, StoreDep, TokenDep
+from pgc_daemon.api.errors import RESPONSES_404, RESPONSES_429, RESPONSES_503, RESPONSES_MUTATING
 from pgc_daemon.api.schemas import (
     MAX_ID,
     EventPublic,
@@ -19,8 +20,9 @@ from pgc_daemon.api.schemas import (
     ProfilePublic,
     TimelinePublic,
 )
-from pgc_daemon.policy import Policy
-from pgc_daemon.services.queries import model_summary, profile_summary, timeline_summary
+from pgc_daemon.policy import load_policy
+from pgc_daemon.services.queries import model_summary, profile_summary
+from pgc_daemon.services.timeline import timeline_summary
 
 router = APIRouter(prefix="/api/models", tags=["models"], responses=RESPONSES_503)
 
@@ -34,7 +36,7 @@ Since = Annotated[
 PER_MODEL_OPERATIONS = (
     "get_model", "get_policy", "put_policy", "get_profile", "get_timeline", "get_events",
     "list_trials", "get_front", "list_searches", "optimize", "list_deployments", "deploy",
-    "rollback",
+    "rollback", "cancel",
 )
 LINKS = {
     op: {"operationId": op, "parameters": {"name": "$response.body#/0/name"}}
@@ -42,8 +44,8 @@ LINKS = {
 }
 
 
-def model_or_404(s: object, name: str) -> st.Model:
-    return st.repo.get_model(s, name)  # type: ignore[arg-type]  # NotFound -> 404
+def model_or_404(s: Session, name: str) -> st.Model:
+    return st.repo.get_model(s, name)  # NotFound -> 404
 
 
 @router.get(
@@ -52,7 +54,12 @@ def model_or_404(s: object, name: str) -> st.Model:
     responses={200: {"description": "every model, by name", "links": LINKS}},
     summary="Every model an agent registered",
 )
-def list_models(store: StoreDep) -> list[dict[str, Any]]:
+def list_models(request: Request) -> list[dict[str, Any]]:
+    # polled by every open dashboard: computed once per second, shared (api/cache.py)
+    return request.app.state.models_cache.get()
+
+
+def all_model_summaries(store: st.Store) -> list[dict[str, Any]]:
     with store.session() as s:
         return [model_summary(s, m) for m in st.repo.list_models(s)]
 
@@ -68,35 +75,43 @@ def get_model(name: str, store: StoreDep) -> dict[str, Any]:
         return model_summary(s, model_or_404(s, name))
 
 
-def _policy_public(row: st.Policy | None, model: st.Model) -> PolicyPublic:
-    if row is None:  # an agent always stores one; version 0 means "the defaults, never set"
-        return PolicyPublic(**Policy().model_dump(), version=0, updated_at=model.created_at)
-    return PolicyPublic(**Policy.parse(row.settings).model_dump(), version=row.version, updated_at=row.updated_at)
+def _policy_public(s: Session, model: st.Model) -> PolicyPublic:
+    # an agent always stores one; version 0 means "the defaults, never set"
+    snapshot = load_policy(s, model.id)
+    row = st.repo.get_policy(s, model.id)
+    updated_at = row.updated_at if row is not None else model.created_at
+    return PolicyPublic(**snapshot.policy.model_dump(), version=snapshot.version, updated_at=updated_at)
 
 
 @router.get("/{name}/policy", response_model=PolicyPublic, responses=RESPONSES_404)
 def get_policy(name: str, store: StoreDep) -> PolicyPublic:
     with store.session() as s:
-        model = model_or_404(s, name)
-        return _policy_public(st.repo.get_policy(s, model.id), model)
+        return _policy_public(s, model_or_404(s, name))
 
 
 @router.put(
     "/{name}/policy",
     response_model=PolicyPublic,
-    responses={**RESPONSES_404, **RESPONSES_MUTATING},
+    responses={**RESPONSES_404, **RESPONSES_MUTATING, **RESPONSES_429},
     dependencies=[TokenDep],
     summary="Replace the policy (a new policy starts a new search)",
+    description="A change of the study terms (objective, accuracy budget, latency target or "
+    "percentile) or of the budget (trials, time) may start a search, so it counts against the "
+    "per-model search-start limit (429 with `Retry-After`); deployment settings alone do not.",
 )
-def put_policy(name: str, body: PolicyUpdate, store: StoreDep) -> PolicyPublic:
+def put_policy(name: str, body: PolicyUpdate, store: StoreDep, limit: SearchLimitDep) -> PolicyPublic:
+    new = body.to_policy()
     with store.session() as s:
         model = model_or_404(s, name)
         before = st.repo.get_policy(s, model.id)
         old_version = before.version if before else 0
-        row = st.repo.put_policy(s, model.id, Policy(**body.model_dump()).model_dump())
+        old = load_policy(s, model.id).policy
+        if before is None or (new.study, new.budget) != (old.study, old.budget):
+            limit.take(name)
+        row = st.repo.put_policy(s, model.id, new.model_dump())
         if row.version != old_version:
             st.repo.add_event(s, model.id, "policy", f"policy is now version {row.version}")
-        return _policy_public(row, model)
+        return _policy_public(s, model)
 
 
 @router.get(

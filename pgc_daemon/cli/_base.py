@@ -7,7 +7,15 @@ import argparse
 from pgc_daemon.errors import UsageError
 from pgc_daemon.settings import Settings
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "add_store_option", "settings_from"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "UsageError",
+    "add_store_option",
+    "add_token_option",
+    "settings_from",
+]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -20,11 +28,23 @@ def add_store_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_token_option(p: argparse.ArgumentParser) -> None:
+    # No --token: a command line is visible to every user of the machine (ps, /proc).
+    p.add_argument(
+        "--token-file",
+        dest="api_token_file",
+        metavar="PATH",
+        help="file holding the API token (default: PGC_API_TOKEN, else <PGC_WORK_DIR>/token)",
+    )
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the environment (PGC_*), overridden by the options given."""
     updates = {}
-    for key in ("store_url", "host", "port", "api_token"):
+    for key in ("store_url", "host", "port", "api_token_file", "allow_remote"):
         value = getattr(args, key, None)
         if value is not None:
             updates[key] = value
+    if updates.get("api_token_file"):
+        updates["api_token"] = None  # the file named on the command line wins over PGC_API_TOKEN
     return Settings().model_copy(update=updates)

@@ -19,7 +19,7 @@ from typing import Any
 
 import store as st
 from pgc_daemon import states
-from pgc_daemon.agent.served import attach
+from pgc_daemon.agent import attach
 from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.policy import Policy
 from pgc_daemon.settings import Settings

@@ -2,10 +2,11 @@
 
 Every call on the spec's example inputs is profiled per layer through the live profiler's own
 code (hooks, perf counters, CUDA events and CUPTI on a GPU), then one torch.profiler pass
-measures time lost to layout conversions. Suggestions: layers (and repeated roles, such as
-every block's feed-forward) above 15% of the time are quantization or fusion candidates; op
-types with a fast int8 (or bf16) path on this hardware, from ``compiler.probe()``; layout
-conversions worth removing.
+measures time lost to layout conversions. Suggestions come from
+:mod:`pgc_daemon.services.suggest` (the engine behind the API's profile too): layers (and
+repeated roles, such as every block's feed-forward) at 15% of the time or more are
+quantization or fusion candidates; op types with a fast int8 (or bf16) path on this hardware,
+from ``compiler.probe()``; layout conversions worth removing.
 """
 
 from __future__ import annotations
@@ -18,11 +19,6 @@ from typing import Any
 from pgc_daemon.cli._base import UsageError
 
 ORDER = 30
-
-HOT = 0.15
-#: Op types with int8 kernels (oneDNN / FBGEMM on CPU, tensor cores on GPU).
-INT8_OPS = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "LSTM", "GRU"})
-LAYOUT_WORTH = 0.02
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,76 +76,18 @@ def _to(value: Any, device: str) -> Any:
 
 
 def suggestions(report: dict[str, Any], hardware: Any) -> list[dict[str, Any]]:
-    """What the profile suggests, most valuable first."""
-    out: list[dict[str, Any]] = []
-    for r in report["layers"]:
-        if r["latency_ratio"] > HOT:
-            out.append({
-                "kind": "hot_layer", "target": r["layer"], "latency_ratio": r["latency_ratio"],
-                "message": f"{r['layer']} ({r['op_type']}) takes {r['latency_ratio']:.0%} of the "
-                "time: a quantization or fusion candidate",
-            })
-    for g in report["groups"]:
-        if g["layers"] > 1 and g["latency_ratio"] > HOT:
-            out.append({
-                "kind": "hot_group", "target": g["group"], "latency_ratio": g["latency_ratio"],
-                "message": f"{g['group']} ({g['layers']} × {g['op_type']}) take "
-                f"{g['latency_ratio']:.0%} of the time together: quantization or fusion "
-                "candidates, one choice for all of them",
-            })
-    by_op: dict[str, float] = {}
-    for r in report["layers"]:
-        by_op[r["op_type"]] = by_op.get(r["op_type"], 0.0) + r["latency_ratio"]
-    int8_share = sum(v for k, v in by_op.items() if k in INT8_OPS)
-    ops = ", ".join(sorted(k for k in by_op if k in INT8_OPS))
-    feats = hardware.features
-    if report["device"] == "cuda":
-        cap = hardware.gpu_capability
-        fast8 = cap is not None and tuple(cap) >= (7, 5)
-        path = f"int8 tensor cores (sm_{cap[0]}{cap[1]})" if fast8 and cap else None
-    else:
-        fast8 = hardware.int8_fast
-        names = [n for n, k in (("AMX-INT8", "amx_int8"), ("AVX512-VNNI", "avx512_vnni"),
-                                ("AVX-VNNI", "avx_vnni")) if feats.get(k)]
-        path = " and ".join(names) if names else None
-    if int8_share > 0.05 and fast8:
-        out.append({
-            "kind": "int8_path", "target": ops, "latency_ratio": int8_share,
-            "message": f"{ops} layers carry {int8_share:.0%} of the time and this hardware has "
-            f"{path}: int8 (dynamic, per-channel) has a fast path here; compile it (Inductor) "
-            "to get it, eager int8 is slower",
-        })
-    elif int8_share > 0.05:
-        bf16 = hardware.bf16_fast
-        out.append({
-            "kind": "int8_path", "target": ops, "latency_ratio": int8_share,
-            "message": f"{ops} layers carry {int8_share:.0%} of the time but this CPU has no "
-            "VNNI or AMX: int8 gains little here"
-            + ("; bf16 has a fast path (AVX512-BF16/AMX-BF16)" if bf16 else ""),
-        })
-    if report["device"] != "cuda" and hardware.bf16_fast and int8_share > 0.05:
-        out.append({
-            "kind": "bf16_path", "target": ops, "latency_ratio": int8_share,
-            "message": "bf16 has a fast path on this CPU (AVX512-BF16/AMX-BF16): a lower-risk "
-            "alternative to int8 for accuracy-sensitive layers",
-        })
-    layout = report.get("layout") or {}
-    if layout.get("ratio", 0.0) > LAYOUT_WORTH:
-        where = next(iter(layout.get("layers", {})), "?")
-        what = next(iter(layout.get("ops", {})), "?")
-        out.append({
-            "kind": "layout", "target": where, "latency_ratio": layout["ratio"],
-            "message": f"{layout['ms_per_call']:.2f} ms per call ({layout['ratio']:.1%}) goes to "
-            f"layout conversions, mostly {what} in {where}: keep one layout end to end "
-            "(channels_last for convolutions) or fuse the conversion away",
-        })
-    elif layout:
-        out.append({
-            "kind": "layout", "target": None, "latency_ratio": layout.get("ratio", 0.0),
-            "message": f"layout conversions take {layout.get('ratio', 0.0):.1%} of the time: "
-            "nothing to gain there",
-        })
-    return out
+    """What the profile suggests, most valuable first (``pgc_daemon.services.suggest``, the
+    engine the API's live profile uses too)."""
+    from pgc_daemon.services.suggest import suggest  # noqa: PLC0415
+
+    found = suggest(
+        report["layers"],
+        groups=report["groups"],
+        device=report["device"],
+        hardware=hardware,
+        layout=report.get("layout") or None,
+    )
+    return [s.to_dict() for s in found]
 
 
 def _busy() -> str | None:

@@ -1,19 +1,30 @@
-"""The one way to create a deployment: a search proposing its result, an operator deploying a
-variant or rolling back (the REST API and the CLI). Each only *creates* a candidate under the
-model's lock, and at most one deployment per model is open at a time; the agent serving the
-model builds, verifies, canaries and swaps it."""
+"""The one way to create or cancel a deployment: a search proposing its result
+(:func:`propose`), an operator deploying a variant, rolling back or cancelling (the REST API
+and the CLI). Every deployment is created by :func:`_create`, under the model's lock, and only
+while no other deployment of that model is open; the agent serving the model then builds,
+verifies, canaries and swaps it.
+
+Contract: these functions take the caller's session and neither commit nor roll back; the
+caller's ``store.session()`` does. They raise :class:`Conflict` (HTTP 409) when the request
+clashes with the current state, :class:`InvalidRequest` (HTTP 422) when it cannot be, and the
+store's ``NotFound`` (HTTP 404) for a name or id that is not there.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 import store as st
-from pgc_daemon import states
 from compiler import Recipe
+from pgc_daemon import states
 from pgc_daemon.errors import PgcError
 from pgc_daemon.policy import Policy
 from pgc_daemon.services.queries import BASELINE_HASH, baseline_variant
+from pgc_daemon.states import D
 
 
 class Conflict(PgcError):
@@ -24,36 +35,74 @@ class InvalidRequest(PgcError, ValueError):
     """The action asks for something that cannot be (HTTP 422, exit code 2)."""
 
 
-def busy_deployment(s: Any, model_id: int) -> st.Deployment | None:
+class Source:
+    """Who asked for a deployment (the ``source`` column)."""
+
+    SEARCH = "search"
+    MANUAL = "manual"
+    ROLLBACK = "rollback"
+
+
+def busy_deployment(s: Session, model_id: int) -> st.Deployment | None:
+    """The model's open deployment (at most one exists), if any."""
     for d in st.repo.list_deployments(s, model_id, limit=20):
         if d.state in states.OPEN:
             return d
     return None
 
 
-def _create(s: Any, model: st.Model, variant_id: int, source: str, reason: str) -> st.Deployment:
-    st.repo.lock_model(s, model.id)
-    busy = busy_deployment(s, model.id)
+def _create(
+    s: Session,
+    model_id: int,
+    variant_id: int,
+    *,
+    source: str,
+    reason: str,
+    expected_speedup: float | None = None,
+    expected_fidelity: float | None = None,
+) -> st.Deployment:
+    """Create a candidate deployment: the one place outside the agent that calls
+    ``store.repo.create_deployment`` (the agent itself records only what it already did: the
+    attached base module, a restore after a restart, a revert to the base).
+
+    The model's lock (``store.repo.lock_model``: ``BEGIN IMMEDIATE`` on SQLite, ``FOR UPDATE``
+    on PostgreSQL) is taken before the check for an open deployment, so of concurrent callers
+    exactly one creates and the others get :class:`Conflict`. Callers that write before
+    calling this (a new variant) take the lock first themselves: on SQLite a transaction that
+    wrote before it locked may have read an older snapshot."""
+    st.repo.lock_model(s, model_id)
+    busy = busy_deployment(s, model_id)
     if busy is not None:
         raise Conflict(f"deployment {busy.id} is still {busy.state}")
-    dep = st.repo.create_deployment(s, model.id, variant_id, source=source, reason=reason)
+    dep = st.repo.create_deployment(
+        s,
+        model_id,
+        variant_id,
+        source=source,
+        reason=reason,
+        expected_speedup=expected_speedup,
+        expected_fidelity=expected_fidelity,
+    )
     return st.repo.get_deployment(s, dep.id)
 
 
 def request_deploy(
-    s: Any,
+    s: Session,
     model_name: str,
     *,
     variant_id: int | None = None,
-    recipe: dict[str, Any] | None = None,
+    recipe: Recipe | Mapping[str, Any] | None = None,
     reason: str = "deployed by an operator",
 ) -> st.Deployment:
     """Deploy a stored variant or a recipe (validated: ``RecipeError`` on a bad one)."""
     if (variant_id is None) == (recipe is None):
         raise InvalidRequest("give exactly one of a variant id and a recipe")
     model = st.repo.get_model(s, model_name)
-    if recipe is not None:
-        parsed = Recipe.from_dict(recipe)
+    parsed = None
+    if recipe is not None:  # validated before the lock is taken
+        parsed = recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
+    st.repo.lock_model(s, model.id)  # before the first write: see _create
+    if parsed is not None:
         variant = st.repo.get_or_create_variant(
             s, model.id, parsed.hash, parsed.to_dict(), parsed.label()
         )
@@ -61,20 +110,43 @@ def request_deploy(
         variant = st.repo.get_variant(s, variant_id)  # type: ignore[arg-type]
         if variant.model_id != model.id:
             raise st.NotFound(f"no variant {variant_id} for model {model_name!r}")
-    return _create(s, model, variant.id, "manual", reason)
+    return _create(s, model.id, variant.id, source=Source.MANUAL, reason=reason)
 
 
 def request_rollback(
-    s: Any, model_name: str, *, reason: str = "rolled back by an operator"
+    s: Session, model_name: str, *, reason: str = "rolled back by an operator"
 ) -> st.Deployment:
     """Return to what served before the active variant (the fp32 base if nothing else)."""
     model = st.repo.get_model(s, model_name)
+    st.repo.lock_model(s, model.id)
     active = st.repo.active_deployment(s, model.id)
     base = baseline_variant(s, model.id)
     if active is None or base is None or active.variant_id == base.id:
         raise Conflict("the fp32 base already serves; nothing to roll back")
     target = active.previous_variant_id or base.id
-    return _create(s, model, target, "rollback", reason)
+    return _create(s, model.id, target, source=Source.ROLLBACK, reason=reason)
+
+
+def request_cancel(
+    s: Session, model_name: str, deployment_id: int, reason: str = "cancelled by an operator"
+) -> st.Deployment:
+    """Cancel an open deployment (a candidate, or one an agent is building, warming,
+    verifying or running on canary) of ``model_name``.
+
+    The move is a compare-and-set: of a cancel and an agent's own next step, exactly one
+    wins. A deployment already finished (or finished meanwhile) is a :class:`Conflict`. An
+    agent mid-build on it finds out at its next transition (``StoreConflict``) and drops the
+    build; a cancelled canary is the agent's to revert."""
+    model = st.repo.get_model(s, model_name)
+    dep = st.repo.get_deployment(s, deployment_id)
+    if dep.model_id != model.id:
+        raise st.NotFound(f"no deployment {deployment_id} for model {model_name!r}")
+    if dep.state not in states.OPEN:
+        raise Conflict(f"deployment {deployment_id} is {dep.state}; only an open one can be cancelled")
+    try:
+        return states.move(s, deployment_id, D.CANCELLED, reason)
+    except st.StoreConflict as exc:
+        raise Conflict(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -89,7 +161,7 @@ class Proposal:
     message: str
 
 
-def measured_speedup(s: Any, model_id: int, deployment: st.Deployment | None) -> float:
+def measured_speedup(s: Session, model_id: int, deployment: st.Deployment | None) -> float:
     """What the serving variant was measured at against fp32 eager (1.0 for the base)."""
     if deployment is None or deployment.variant_id is None:
         return 1.0
@@ -106,39 +178,46 @@ def measured_speedup(s: Any, model_id: int, deployment: st.Deployment | None) ->
     return max(speeds, default=1.0)
 
 
+def _why_not(
+    s: Session, model_id: int, variant: st.Variant, chosen: Proposal, policy: Policy
+) -> str | None:
+    """Why the search's choice should not be deployed now (None: it should)."""
+    busy = busy_deployment(s, model_id)
+    if busy is not None:
+        return f"deployment {busy.id} is still {busy.state}"
+    active = st.repo.active_deployment(s, model_id)
+    if active is not None and active.variant_id == variant.id:
+        return f"{chosen.label} is already serving"
+    now = measured_speedup(s, model_id, active)
+    if (chosen.speedup or 0.0) < now * policy.min_speedup:
+        return (
+            f"{chosen.label} ({chosen.speedup or 0:.2f}x) is not {policy.min_speedup:.2f}x "
+            f"faster than what serves ({now:.2f}x)"
+        )
+    if not policy.auto_deploy:
+        return f"found {chosen.label} ({chosen.speedup or 0:.2f}x); auto_deploy is off"
+    return None
+
+
 def propose(
     store: st.Store, model_id: int, chosen: Proposal, policy: Policy, *, run_id: int | None = None
 ) -> int | None:
     """Create a candidate deployment for ``chosen`` when it is worth it; returns its id, or
     None with the reason recorded as an event."""
     with store.session() as s:
-        st.repo.lock_model(s, model_id)
+        st.repo.lock_model(s, model_id)  # the decision and the creation see one state
         variant = st.repo.get_or_create_variant(
             s, model_id, chosen.recipe_hash, chosen.recipe, chosen.label
         )
-        active = st.repo.active_deployment(s, model_id)
-        busy = busy_deployment(s, model_id)
-        now = measured_speedup(s, model_id, active)
-        reason = None
-        if busy is not None:
-            reason = f"deployment {busy.id} is still {busy.state}"
-        elif active is not None and active.variant_id == variant.id:
-            reason = f"{chosen.label} is already serving"
-        elif (chosen.speedup or 0.0) < now * policy.min_speedup:
-            reason = (
-                f"{chosen.label} ({chosen.speedup or 0:.2f}x) is not {policy.min_speedup:.2f}x "
-                f"faster than what serves ({now:.2f}x)"
-            )
-        elif not policy.auto_deploy:
-            reason = f"found {chosen.label} ({chosen.speedup or 0:.2f}x); auto_deploy is off"
+        reason = _why_not(s, model_id, variant, chosen, policy)
         if reason is not None:
             st.repo.add_event(s, model_id, "kept", f"kept the current module: {reason}")
             return None
-        dep = st.repo.create_deployment(
+        dep = _create(
             s,
             model_id,
             variant.id,
-            source="search",
+            source=Source.SEARCH,
             reason=f"search run {run_id}: {chosen.message}" if run_id else chosen.message,
             expected_speedup=chosen.speedup,
             expected_fidelity=chosen.fidelity,

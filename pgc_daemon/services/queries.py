@@ -1,5 +1,10 @@
-"""What pgc knows about a model, read from the store in one place, so that the API, the
-dashboard, ``pgc demo`` and the tests all report the same numbers."""
+"""Read models: what pgc knows about a model, read from the store in one place, so that the
+API, the dashboard, ``pgc status``, ``pgc demo`` and the tests all report the same numbers.
+
+Each function takes the caller's session and returns plain JSON-able data shaped as the API's
+``*Public`` schema of the same name (``model_summary`` → ``ModelPublic``); the API validates
+it against that schema on the way out. The timeline lives in :mod:`.timeline`.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,17 @@ from sqlalchemy.orm import Session
 
 import store as st
 from compiler import Recipe
-from pgc_daemon.policy import Policy
+from pgc_daemon.policy import load_policy
+from pgc_daemon.services.suggest import for_layer
+from pgc_daemon.states import D
 
 BASELINE_HASH = Recipe().hash
+#: The Optuna trial state of a timed trial (the store keeps Optuna's words for trials).
+TRIAL_COMPLETE = "complete"
+#: A model whose agent reported within this long is ``online``.
+ONLINE_S = 120.0
+#: The states that end a deployment's build/warm/verify phase (see :func:`busy_intervals`).
+_BUILD_ENDS = frozenset({D.CANARY, D.ACTIVE, D.FAILED, D.ROLLED_BACK, D.CANCELLED})
 
 
 def baseline_variant(s: Session, model_id: int) -> st.Variant | None:
@@ -28,13 +41,10 @@ def busy_intervals(s: Session, model_id: int) -> list[tuple[float, float]]:
     now = time.time()
     out = [(r.started_at, r.finished_at or now) for r in st.repo.list_search_runs(s, model_id, limit=1000)]
     for d in st.repo.list_deployments(s, model_id, limit=1000):
-        start = next((t.at for t in d.transitions if t.to_state == "building"), None)
+        start = next((t.at for t in d.transitions if t.to_state == D.BUILDING), None)
         if start is None:
             continue
-        end = next(
-            (t.at for t in d.transitions if t.to_state in ("canary", "active", "failed", "rolled_back")),
-            now,
-        )
+        end = next((t.at for t in d.transitions if t.to_state in _BUILD_ENDS), now)
         out.append((start, end))
     return out
 
@@ -63,7 +73,7 @@ def latency_summary(s: Session, model: st.Model) -> dict[str, Any]:
         out["baseline"] = summary(base.id)
     if active is not None and active.variant_id is not None:
         since = next(
-            (t.at for t in reversed(active.transitions) if t.to_state == "active"), active.created_at
+            (t.at for t in reversed(active.transitions) if t.to_state == D.ACTIVE), active.created_at
         )
         out["current"] = summary(active.variant_id, since)
     b, c = out["baseline"], out["current"]
@@ -113,6 +123,7 @@ def search_summary(run: st.SearchRun | None) -> dict[str, Any] | None:
 
 def model_summary(s: Session, model: st.Model) -> dict[str, Any]:
     policy_row = st.repo.get_policy(s, model.id)
+    snapshot = load_policy(s, model.id)
     runs = st.repo.list_search_runs(s, model.id, limit=1)
     return {
         "name": model.name,
@@ -122,9 +133,10 @@ def model_summary(s: Session, model: st.Model) -> dict[str, Any]:
         "graph_hash": model.graph_hash,
         "created_at": model.created_at,
         "last_seen_at": model.last_seen_at,
-        "online": time.time() - model.last_seen_at < 120,
-        "policy": Policy.parse(policy_row.settings).model_dump() if policy_row else None,
-        "policy_version": policy_row.version if policy_row else None,
+        "online": time.time() - model.last_seen_at < ONLINE_S,
+        # None, not the defaults, while no policy is stored (what the API has always said)
+        "policy": snapshot.policy.model_dump() if policy_row else None,
+        "policy_version": snapshot.version if policy_row else None,
         "active": active_summary(s, model),
         "latency": latency_summary(s, model),
         "search": search_summary(runs[0] if runs else None),
@@ -141,7 +153,7 @@ def profile_summary(
     counters = st.repo.layer_counters(s, model.id, since=since)
     for r in rows:
         r["counters"] = counters.get(r["layer"])
-        r["suggestion"] = suggestion(r)
+        r["suggestion"] = for_layer(r.get("op_type", ""), r.get("share", 0.0))
     return {
         "model": model.name,
         "variant_id": vid,
@@ -151,118 +163,75 @@ def profile_summary(
     }
 
 
-def suggestion(row: dict[str, Any]) -> str | None:
-    op = row.get("op_type", "")
-    share = row.get("share", 0.0)
-    if share >= 0.15:
-        return "hot: a quantization or fusion candidate"
-    if op in ("Linear", "Conv1d", "Conv2d", "Conv3d") and share >= 0.02:
-        return "int8 candidate"
-    return None
+# --------------------------------------------------------------------------- trials, front
 
 
-# --------------------------------------------------------------------------- read-only views
-# (appended for the dashboard and /metrics; the functions above are unchanged)
-
-#: Marker kinds of :func:`timeline_summary`, by the state a transition reached.
-_MARKERS = {"active": "deployed", "rolled_back": "rolled_back", "failed": "failed"}
-
-
-def timeline_summary(
-    s: Session, model: st.Model, *, since: float = 0.0, until: float | None = None, points: int = 300
-) -> dict[str, Any]:
-    """Live request latency over time, one series per variant, with deployment markers.
-
-    Windows are merged into at most ``points`` steps per variant; a step's percentiles are
-    the count-weighted mean of its windows' percentiles (as :func:`store.repo.request_summary`
-    does). Markers: a variant became active (``deployed``, or ``rollback`` when a rollback
-    did it), a variant was reverted (``rolled_back``), a deployment ``failed``.
-    """
-    windows = list(st.repo.request_windows(s, model.id, since=since))
-    # windows a little ahead of this host's clock (another host's agent) still show
-    until = max(time.time() if until is None else until, max((w.window_end for w in windows), default=0.0))
-    start = max(since, min((w.window_start for w in windows), default=since))
-    step = max((until - start) / max(points, 1), 1e-3)
-    variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
-    groups: dict[tuple[int | None, int], list[st.RequestStat]] = {}
-    for w in windows:
-        idx = min(int((w.window_end - start) // step), points - 1)
-        groups.setdefault((w.variant_id, idx), []).append(w)
-    series: dict[int | None, dict[str, Any]] = {}
-    for (vid, _idx), ws in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])):
-        n = sum(w.count for w in ws)
-        if n == 0:
-            continue
-        v = variants.get(vid) if vid is not None else None
-        entry = series.setdefault(
-            vid,
-            {
-                "variant_id": vid,
-                "label": v.label if v else "before registration",
-                "is_baseline": v is not None and v.recipe_hash == BASELINE_HASH,
-                "points": [],
-            },
-        )
-        entry["points"].append(
-            {
-                "t": max(w.window_end for w in ws),
-                "count": n,
-                "errors": sum(w.errors for w in ws),
-                **{
-                    k: sum(getattr(w, k) * w.count for w in ws) / n
-                    for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")
-                },
-            }
-        )
-    markers = []
-    for d in st.repo.list_deployments(s, model.id, limit=1000):
-        v = variants.get(d.variant_id) if d.variant_id is not None else None
-        for t in d.transitions:
-            kind = _MARKERS.get(t.to_state)
-            if kind is None or not since <= t.at <= until:
-                continue
-            if kind == "deployed" and d.source == "rollback":
-                kind = "rollback"
-            markers.append(
-                {
-                    "at": t.at,
-                    "kind": kind,
-                    "deployment_id": d.id,
-                    "variant_id": d.variant_id,
-                    "label": v.label if v else None,
-                    "source": d.source,
-                    "reason": t.reason,
-                }
-            )
-    markers.sort(key=lambda m: m["at"])
-    busy = [
-        {"start": max(a, start), "end": min(b, until)}
-        for a, b in busy_intervals(s, model.id)
-        if b >= start and a <= until
-    ]
-    row = st.repo.get_policy(s, model.id)
-    policy = Policy.parse(row.settings if row else {})
+def trial_public(t: st.Trial, variant: st.Variant | None) -> dict[str, Any]:
+    """A trial row as the API shows it (``TrialPublic``): the one mapping of a trial."""
     return {
-        "model": model.name,
-        "since": start,
-        "until": until,
-        "step_s": step,
-        "latency_target_ms": policy.latency_target_ms,
-        "latency_percentile": policy.latency_percentile,
-        "series": sorted(series.values(), key=lambda e: (not e["is_baseline"], e["variant_id"] or 0)),
-        "markers": markers,
-        "busy": sorted(busy, key=lambda b: b["start"]),
+        "id": t.id,
+        "run_id": t.run_id,
+        "number": t.number,
+        "state": t.state,
+        "variant_id": t.variant_id,
+        "label": variant.label if variant else None,
+        "recipe": variant.recipe if variant else None,
+        "latency_ms": t.latency_ms,
+        "baseline_ms": t.baseline_ms,
+        "speedup": t.speedup,
+        "fidelity": t.fidelity,
+        "accuracy_drop": t.accuracy_drop,
+        "feasible": t.feasible,
+        "params": t.params,
+        "message": t.message,
+        "duration_s": t.duration_s,
+        "created_at": t.created_at,
     }
 
 
-def deployment_outcomes(deployment: st.Deployment) -> set[str]:
-    """What a deployment came to, for counting: ``deployed`` once it was ever active, and
-    ``rolled_back`` or ``failed`` when it ended so. These only ever get added to, so counts
-    of them are proper Prometheus counters."""
-    out = set()
-    for t in deployment.transitions:
-        if t.to_state == "active":
-            out.add("deployed")
-        elif t.to_state in ("rolled_back", "failed"):
-            out.add(t.to_state)
-    return out
+def trials(s: Session, model: st.Model, *, run_id: int | None = None) -> list[dict[str, Any]]:
+    variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
+    return [
+        trial_public(t, variants.get(t.variant_id) if t.variant_id else None)
+        for t in st.repo.list_trials(s, model.id, run_id=run_id)
+    ]
+
+
+def _dominated(p: dict[str, Any], points: list[dict[str, Any]]) -> bool:
+    return any(
+        o is not p
+        and o["speedup"] >= p["speedup"]
+        and o["accuracy_drop"] <= p["accuracy_drop"]
+        and (o["speedup"] > p["speedup"] or o["accuracy_drop"] < p["accuracy_drop"])
+        for o in points
+    )
+
+
+def front_summary(s: Session, model: st.Model) -> dict[str, Any]:
+    """One point per variant (its latest timed trial), with the Pareto front and the
+    deployed point marked, fastest first (``FrontPublic``)."""
+    policy = load_policy(s, model.id).policy
+    variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
+    active = st.repo.active_deployment(s, model.id)
+    runs = st.repo.list_search_runs(s, model.id, limit=1)
+    latest: dict[int, st.Trial] = {}
+    for t in st.repo.list_trials(s, model.id):
+        if t.state == TRIAL_COMPLETE and t.variant_id is not None:
+            latest[t.variant_id] = t
+    points = [trial_public(t, variants.get(vid)) for vid, t in latest.items()]
+    for p in points:
+        p["pareto"] = not _dominated(p, points)
+        p["deployed"] = active is not None and active.variant_id == p["variant_id"]
+    points.sort(key=lambda p: -(p["speedup"] or 0))
+    return {
+        "model": model.name,
+        "metric": model.metric,
+        "max_accuracy_drop": policy.max_accuracy_drop,
+        "latency_target_ms": policy.latency_target_ms,
+        "latency_percentile": policy.latency_percentile,
+        "min_speedup": policy.min_speedup,
+        "points": points,
+        "chosen_variant_id": runs[0].chosen_variant_id if runs else None,
+        "feasible": sum(p["feasible"] for p in points),
+        "message": runs[0].message if runs else None,
+    }

@@ -40,6 +40,34 @@ def copy_sqlite(src_url: str, dst: Path) -> str:
     return f"sqlite:///{dst}"
 
 
+def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    """Wait until ``url`` (a readiness endpoint: ``/healthz``, Prometheus's ``/-/ready``)
+    answers 200, failing with the server's name and its log when it exits or ``timeout``
+    passes: a test must never query a server that is still starting."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode} before it was ready:\n{_tail(log)}")
+        try:
+            r = httpx.get(url, timeout=2)
+            if r.status_code == 200:
+                return
+            last = f"{r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name} was not ready at {url} after {timeout:.0f} s ({last}):\n{_tail(log)}")
+        time.sleep(0.2)
+
+
+def _tail(log: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
 @dataclass
 class Served:
     url: str
@@ -76,18 +104,7 @@ def pgc_serve(store_url: str, workdir: Path, *, token: str | None = TOKEN, poll_
         )
     served = Served(f"http://127.0.0.1:{port}", token, proc, log)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"pgc serve exited with {proc.returncode}:\n{served.log_tail()}")
-            try:
-                if httpx.get(f"{served.url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"pgc serve did not answer in 60 s:\n{served.log_tail()}")
-            time.sleep(0.2)
+        wait_ready("pgc serve", f"{served.url}/healthz", proc, log)
         yield served
     finally:
         if proc.poll() is None:

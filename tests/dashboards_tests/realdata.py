@@ -96,7 +96,9 @@ def produce(root: Path) -> RealData:
             outcome = wait_for(lambda: _search_outcome(store, model_id), timeout=600, every=0.5,
                                what="the search's decision")
             daemon.stop()  # the search is done; nothing else should load the machine
-            api = TestClient(create_app(settings, store=store))
+            app = create_app(settings, store=store)  # creates the work dir's token
+            token, _ = settings.load_token()
+            api = TestClient(app, base_url="http://127.0.0.1", headers={"Authorization": f"Bearer {token}"})
             if isinstance(outcome, int):  # kept fp32: deploy the search's fastest variant by hand
                 r = api.post(f"/api/models/{MODEL}/deployments",
                              json={"variant_id": outcome, "reason": "the search's fastest variant"})

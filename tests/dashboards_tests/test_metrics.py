@@ -21,7 +21,7 @@ import store as st
 from pgc_daemon.api.metrics import LAYER_TOP_K, WINDOW_S
 from profiler import LATENCY_BUCKETS_MS
 
-from .conftest import TOKEN, Served, copy_sqlite, free_port, pgc_serve
+from .conftest import TOKEN, Served, copy_sqlite, free_port, pgc_serve, wait_ready
 from .realdata import RealData
 
 pytestmark = pytest.mark.slow
@@ -46,10 +46,10 @@ def metrics_store(real_data: RealData, tmp_path_factory: pytest.TempPathFactory)
     try:
         with store.session() as s:
             model = st.repo.get_model(s, real_data.model)
-            st.repo.add_host_stats(s, [{
-                "model_id": model.id, "variant_id": None, "at": time.time(), "cpu_percent": 150.0,
-                "rss_bytes": RSS, "threads": 7, "ctx_switches": 1000, "extra": None,
-            }])
+            st.repo.add_window_stats(s, host=[st.HostStatRow(
+                model_id=model.id, variant_id=None, at=time.time(), cpu_percent=150.0,
+                rss_bytes=RSS, threads=7, ctx_switches=1000, extra=None,
+            )])
     finally:
         store.close()
     return url
@@ -190,6 +190,7 @@ def test_grafana_queries_run_in_prometheus_scraping_pgc_serve(server: Served, tm
         stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}/api/v1"
+    wait_ready("prometheus", f"http://127.0.0.1:{port}/-/ready", proc, tmp_path / "prometheus.log", timeout=90)
 
     def query(expr: str) -> dict[str, Any]:
         return httpx.get(f"{base}/query", params={"query": expr}, timeout=10).json()

@@ -14,7 +14,7 @@ import pytest
 
 import store as st
 
-from .conftest import free_port
+from .conftest import free_port, wait_ready
 from .realdata import RealData
 
 pytestmark = pytest.mark.slow
@@ -34,17 +34,8 @@ def test_a_pgc_study_opens_in_optuna_dashboard(real_data: RealData, tmp_path: Pa
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "optuna-dashboard.log").read_text()
-            try:
-                r = httpx.get(f"{base}/api/studies", timeout=5)
-                if r.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "optuna-dashboard did not answer in 60 s"
-            time.sleep(0.3)
+        wait_ready("optuna-dashboard", f"{base}/api/studies", proc, tmp_path / "optuna-dashboard.log")
+        r = httpx.get(f"{base}/api/studies", timeout=10)
         studies = {s["study_name"]: s for s in r.json()["study_summaries"]}
         assert real_data.study_name in studies, sorted(studies)
         summary = studies[real_data.study_name]

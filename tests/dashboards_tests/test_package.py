@@ -48,7 +48,7 @@ def test_the_wheel_ships_and_serves_the_dashboard(tmp_path: Path) -> None:
         from fastapi.testclient import TestClient
         from pgc_daemon.api import create_app
         from pgc_daemon.settings import Settings
-        c = TestClient(create_app(Settings(store_url="sqlite:///" + sys.argv[2])))
+        c = TestClient(create_app(Settings(store_url="sqlite:///" + sys.argv[2])), base_url="http://127.0.0.1")
         r = c.get("/", follow_redirects=False)
         assert r.status_code in (302, 307) and r.headers["location"] == "/ui/", r.headers
         page = c.get("/ui/")

@@ -76,3 +76,25 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)
+
+
+TEST_TOKEN = "pgc-test-token"
+"""The bearer token the API tests give their apps (``Settings(api_token=TEST_TOKEN)``)."""
+
+
+def api_headers(token: str = TEST_TOKEN) -> dict[str, str]:
+    """What a well-behaved client sends on every call: the token (mutations need it)."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+def api_client(store: st.Store, token: str = TEST_TOKEN, *, auth: bool = True, **settings: Any) -> Any:
+    """A test client of the API over ``store``, calling it as ``http://127.0.0.1`` (the Host
+    allow-list takes loopback only), with the token sent on every call unless ``auth`` is
+    False."""
+    from fastapi.testclient import TestClient
+
+    from pgc_daemon.api import create_app
+    from pgc_daemon.settings import Settings
+
+    app = create_app(Settings(store_url=store.url, api_token=token, **settings), store=store)
+    return TestClient(app, base_url="http://127.0.0.1", headers=api_headers(token) if auth else None)

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 import store as st
 from pgc_daemon import states
 from compiler import Backend, Quantization, Recipe
-from pgc_daemon.api import create_app
-from pgc_daemon.settings import Settings
+
+from .helpers import TEST_TOKEN, api_client
 
 INT8 = Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}), backend=Backend("inductor"))
 
@@ -28,11 +28,11 @@ def populated(store: st.Store) -> st.Store:
         st.repo.put_policy(s, m.id, {"max_accuracy_drop": 0.01})
         d0 = st.repo.create_deployment(s, m.id, base.id, source="attach", reason="attached")
         states.move(s, d0.id, "active", "base")
-        st.repo.add_request_stats(s, [dict(
+        st.repo.add_window_stats(s, requests=[st.RequestStatRow(
             model_id=m.id, variant_id=base.id, window_start=now - 100, window_end=now - 90,
             shape_bucket="b1 s128", count=100, mean_ms=20, p50_ms=20, p95_ms=25, p99_ms=30,
             sampled=5, overhead=0.002)])
-        st.repo.add_layer_stats(s, [dict(
+        st.repo.add_window_stats(s, layers=[st.LayerStatRow(
             model_id=m.id, variant_id=base.id, window_start=now - 100, window_end=now - 90,
             layer=f"l{i}", op_type="Linear", shape_bucket="b1 s128", count=5, mean_ms=m_,
             p50_ms=m_, p95_ms=m_, p99_ms=m_, share=0) for i, m_ in enumerate([4.0, 1.0])])
@@ -48,16 +48,15 @@ def populated(store: st.Store) -> st.Store:
             states.move(s, d1.id, state, state)
         states.move(s, d0.id, "superseded", "replaced")
         states.move(s, d1.id, "active", "ok", previous_variant_id=base.id)
-        st.repo.add_request_stats(s, [dict(
+        st.repo.add_window_stats(s, requests=[st.RequestStatRow(
             model_id=m.id, variant_id=fast.id, window_start=time.time() + 1, window_end=time.time() + 11,
             shape_bucket="b1 s128", count=50, mean_ms=8, p50_ms=8, p95_ms=9, p99_ms=10,
             sampled=0, overhead=0.0)])
     return store
 
 
-def client(store: st.Store, token: str | None = None) -> TestClient:
-    settings = Settings(store_url=store.url, api_token=token)
-    return TestClient(create_app(settings, store=store))
+def client(store: st.Store, token: str = TEST_TOKEN, *, auth: bool = True) -> TestClient:
+    return api_client(store, token, auth=auth)
 
 
 def test_health_and_models(populated: st.Store) -> None:
@@ -92,7 +91,9 @@ def test_policy_get_put_and_readable_422(populated: st.Store) -> None:
     assert bad.status_code == 422
     assert bad.json()["detail"].startswith("max_accuracy_drop:")
     assert c.put("/api/models/mini/policy", json={"nope": 1}).status_code == 422
-    assert c.put("/api/models/mini/policy", content=b"{not json").status_code == 422
+    bad_json = c.put("/api/models/mini/policy", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 422
+    assert c.put("/api/models/mini/policy", content=b"{not json").status_code == 415  # not sent as JSON
     assert c.get("/api/models/mini/policy").json()["version"] == 2  # bad bodies changed nothing
 
 
@@ -111,8 +112,8 @@ def test_profile_front_and_deployments(populated: st.Store) -> None:
     assert deps[1]["state"] == "superseded"
 
 
-def test_mutations_need_the_token_when_one_is_set(populated: st.Store) -> None:
-    c = client(populated, token="s3cret")
+def test_mutations_need_the_token(populated: st.Store) -> None:
+    c = client(populated, token="s3cret", auth=False)
     assert c.put("/api/models/mini/policy", json={}).status_code == 401
     assert c.put("/api/models/mini/policy", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = c.put("/api/models/mini/policy", json={}, headers={"Authorization": "Bearer s3cret"})
@@ -162,7 +163,7 @@ def test_deploy_takes_every_recipe_part(populated: st.Store) -> None:
 
 
 def test_optimize_without_an_optimizer_loop_is_503(populated: st.Store) -> None:
-    assert client(populated).post("/api/models/mini/optimize").status_code == 503
+    assert client(populated).post("/api/models/mini/optimize", json={}).status_code == 503
 
 
 def test_metrics_are_prometheus_text(populated: st.Store) -> None:
@@ -176,7 +177,7 @@ def test_metrics_are_prometheus_text(populated: st.Store) -> None:
 def test_openapi_documents_the_error_bodies(populated: st.Store) -> None:
     doc: dict[str, Any] = client(populated).get("/openapi.json").json()
     put = doc["paths"]["/api/models/{name}/policy"]["put"]["responses"]
-    assert {"200", "401", "404", "422"} <= set(put)
+    assert {"200", "401", "404", "413", "415", "422", "429"} <= set(put)
 
 
 def test_timeline_has_a_series_per_variant_and_deployment_markers(populated: st.Store) -> None:
@@ -208,3 +209,71 @@ def test_bodies_are_strict_as_their_schema_says(populated: st.Store) -> None:
     assert c.post("/api/models/mini/deployments", json={"variant_id": 1, "recipe": {}}).status_code == 422
     bad_key = {"recipe": {"quantization": {"re:(": {"precision": "bf16"}}}}
     assert c.post("/api/models/mini/deployments", json=bad_key).status_code == 422
+
+
+def test_the_recipe_body_is_derived_from_the_compiler_types() -> None:
+    from compiler.parts import LinearKernel, MemoryFormat, PartitionStrategy
+    from compiler.recipe import BACKEND_MODES, BackendKind, Granularity, Precision, Scheme
+    from pgc_daemon.api.schemas import RecipeBody
+
+    defs = RecipeBody.model_json_schema()["$defs"]
+
+    def enum(model: str, field: str) -> set[str]:
+        prop = defs[model]["properties"][field]
+        return set(prop.get("enum", [prop.get("const")]))
+
+    assert enum("FloatChoice", "precision") | enum("Int8Choice", "precision") == set(Precision)
+    assert enum("Int8Choice", "scheme") == set(Scheme)
+    assert enum("FloatChoice", "granularity") == set(Granularity)
+    backends = {enum(name, "kind").pop(): enum(name, "mode") for name in defs if name.endswith("Backend")}
+    assert backends == {k.value: {m.value for m in modes} for k, modes in BACKEND_MODES.items()}
+    assert set(backends) == set(BackendKind)
+    assert enum("LayoutBody", "memory_format") == set(MemoryFormat)
+    assert enum("KernelsBody", "linear") == set(LinearKernel)
+    assert enum("PartitionBody", "strategy") == set(PartitionStrategy)
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        Recipe(),
+        INT8,
+        Recipe(quantization=Quantization.of({"_default": "bf16", "re:enc.*": "int8-weight_only-pt"}),
+               backend=Backend("inductor", "max-autotune")),
+        Recipe.from_dict({"quantization": {}, "layout": {"memory_format": "channels_last"},
+                          "kernels": {"linear": "triton"}, "partition": {"strategy": "memory"},
+                          "buckets": {"sizes": [32, 64]}}),
+    ],
+    ids=lambda r: r.label(),
+)
+def test_every_recipe_goes_through_the_body_unchanged(recipe: Recipe) -> None:
+    from pgc_daemon.api.schemas import RecipeBody
+
+    body = RecipeBody.model_validate(recipe.to_dict())
+    assert body.to_recipe() == recipe and body.to_recipe().hash == recipe.hash
+
+
+def test_model_list_and_metrics_are_computed_once_per_tick(populated: st.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from pgc_daemon.api import routes_models
+
+    calls = 0
+    real = routes_models.model_summary
+
+    def counting(s: Any, m: Any) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return real(s, m)
+
+    monkeypatch.setattr(routes_models, "model_summary", counting)
+    c = client(populated)
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(c.get("/api/models").status_code)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [200] * 8 and calls == 1  # one model, one computation for 8 callers
+    time.sleep(1.1)
+    assert c.get("/api/models").status_code == 200 and calls == 2

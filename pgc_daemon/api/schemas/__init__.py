@@ -1,0 +1,96 @@
+"""Request and response bodies of the REST API (``*Public`` out, ``*Update``/``*Request`` in).
+
+Request bodies are strict and their JSON schemas say everything the server checks (see
+``_common``); the recipe body is derived from the compiler's own types (see ``_recipe``).
+"""
+
+from pgc_daemon.api.schemas._common import (
+    MAX_ID,
+    DaemonInfo,
+    ErrorBody,
+    Health,
+    IntegralInt,
+    PolicyPublic,
+    PolicyUpdate,
+    Text,
+    ValidationErrorBody,
+)
+from pgc_daemon.api.schemas._deployments import (
+    CancelRequest,
+    DeploymentPublic,
+    DeployRequest,
+    RollbackRequest,
+    TransitionPublic,
+)
+from pgc_daemon.api.schemas._models import (
+    ActivePublic,
+    EventPublic,
+    Interval,
+    LatencyPublic,
+    LayerPublic,
+    ModelPublic,
+    ProfilePublic,
+    SearchPublic,
+    Summary,
+    TimelineMarker,
+    TimelinePoint,
+    TimelinePublic,
+    TimelineSeries,
+)
+from pgc_daemon.api.schemas._recipe import (
+    BACKEND_BODIES,
+    LAYER_KEY_PATTERN,
+    BucketsBody,
+    FloatChoice,
+    FusionBody,
+    Int8Choice,
+    KernelsBody,
+    LayoutBody,
+    PartitionBody,
+    RecipeBody,
+)
+from pgc_daemon.api.schemas._search import FrontPoint, FrontPublic, OptimizeRequest, TrialPublic
+
+__all__ = [
+    "BACKEND_BODIES",
+    "LAYER_KEY_PATTERN",
+    "MAX_ID",
+    "ActivePublic",
+    "BucketsBody",
+    "CancelRequest",
+    "DaemonInfo",
+    "DeployRequest",
+    "DeploymentPublic",
+    "ErrorBody",
+    "EventPublic",
+    "FloatChoice",
+    "FrontPoint",
+    "FrontPublic",
+    "FusionBody",
+    "Health",
+    "Int8Choice",
+    "IntegralInt",
+    "Interval",
+    "KernelsBody",
+    "LatencyPublic",
+    "LayerPublic",
+    "LayoutBody",
+    "ModelPublic",
+    "OptimizeRequest",
+    "PartitionBody",
+    "PolicyPublic",
+    "PolicyUpdate",
+    "ProfilePublic",
+    "RecipeBody",
+    "RollbackRequest",
+    "SearchPublic",
+    "Summary",
+    "Text",
+    "TimelineMarker",
+    "TimelinePoint",
+    "TimelinePublic",
+    "TimelineSeries",
+    "TransitionPublic",
+    "TrialPublic",
+    "ValidationErrorBody",
+]

@@ -1,0 +1,158 @@
+"""Read models of a model: its summary, live latency, profile, events and timeline."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from pgc_daemon.policy import Policy
+
+
+class Summary(BaseModel):
+    count: int
+    windows: int
+    errors: int
+    fallbacks: int
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    sampled: int
+    dropped: int
+    overhead: float
+
+
+class LatencyPublic(BaseModel):
+    baseline: Summary | None
+    current: Summary | None
+    speedup: float | None = Field(description="baseline p50 / current p50 on live traffic")
+    quiet: bool = Field(description="whether windows in which pgc searched or built were left out")
+
+
+class ActivePublic(BaseModel):
+    deployment_id: int
+    variant_id: int
+    label: str
+    recipe: dict[str, Any]
+    recipe_hash: str
+    source: str
+    since: float
+    expected_speedup: float | None
+    expected_fidelity: float | None
+    live_speedup: float | None
+    live_fidelity: float | None
+    is_baseline: bool
+
+
+class SearchPublic(BaseModel):
+    """One search run and its progress: ``trials_done`` of ``trials_budget``, and the best
+    speedup and fidelity among its feasible trials so far."""
+
+    run_id: int
+    state: str
+    trigger: str
+    trials_done: int
+    trials_budget: int
+    best_speedup: float | None
+    best_fidelity: float | None
+    message: str | None
+    started_at: float
+    finished_at: float | None
+    study_name: str = Field(description="the Optuna study (open it with optuna-dashboard)")
+
+
+class ModelPublic(BaseModel):
+    name: str
+    spec: str | None
+    metric: str | None
+    hardware: str | None
+    graph_hash: str | None
+    created_at: float
+    last_seen_at: float
+    online: bool
+    policy: Policy | None
+    policy_version: int | None
+    active: ActivePublic | None
+    latency: LatencyPublic
+    search: SearchPublic | None
+
+
+class LayerPublic(BaseModel):
+    layer: str
+    op_type: str
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    total_ms: float
+    share: float = Field(description="share of the summed per-layer time (latency_ratio)")
+    counters: dict[str, float] | None
+    suggestion: str | None = Field(
+        description="what the share suggests (pgc_daemon.services.suggest: at or above 15% "
+        "a quantization or fusion candidate; an int8-capable op at or above 2% an int8 candidate)"
+    )
+
+
+class ProfilePublic(BaseModel):
+    model: str
+    variant_id: int | None
+    layers: list[LayerPublic]
+    shapes: dict[str, int]
+    requests: Summary | None
+
+
+class EventPublic(BaseModel):
+    id: int
+    at: float
+    level: str
+    kind: str
+    message: str
+
+
+class TimelinePoint(BaseModel):
+    t: float = Field(description="end of the last window in this step (UTC seconds)")
+    count: int
+    errors: int
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+class TimelineSeries(BaseModel):
+    variant_id: int | None
+    label: str
+    is_baseline: bool
+    points: list[TimelinePoint]
+
+
+class TimelineMarker(BaseModel):
+    at: float
+    kind: Literal["deployed", "rollback", "rolled_back", "failed"] = Field(
+        description="deployed: a variant became active; rollback: a rollback became active; "
+        "rolled_back: a canary or active variant was reverted; failed: a deployment failed"
+    )
+    deployment_id: int
+    variant_id: int | None
+    label: str | None
+    source: str
+    reason: str | None
+
+
+class Interval(BaseModel):
+    start: float
+    end: float
+
+
+class TimelinePublic(BaseModel):
+    model: str
+    since: float
+    until: float
+    step_s: float = Field(description="windows are merged into steps this long")
+    latency_target_ms: float | None
+    latency_percentile: str
+    series: list[TimelineSeries]
+    markers: list[TimelineMarker]
+    busy: list[Interval] = Field(description="when pgc searched or built (left out of summaries)")

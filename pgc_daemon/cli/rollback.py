@@ -1,0 +1,30 @@
+"""``pgc rollback``: return a served model to what served before its active variant (the
+fp32 base if nothing else), optionally waiting for the outcome."""
+
+from __future__ import annotations
+
+import argparse
+
+from pgc_daemon.cli._base import add_store_option, settings_from
+from pgc_daemon.cli._outcome import add_outcome_options, report
+
+ORDER = 51
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("rollback", help="return a served model to what served before")
+    add_store_option(r)
+    r.add_argument("model", help="the model's name")
+    r.add_argument("--reason", default="rolled back from the command line")
+    add_outcome_options(r)
+    r.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import store as st  # noqa: PLC0415
+    from pgc_daemon.services.deployments import request_rollback  # noqa: PLC0415
+
+    store = st.open_store(settings_from(args).store_url)
+    with store.session() as s:
+        dep_id = request_rollback(s, args.model, reason=args.reason).id
+    return report(args, store, dep_id)
