@@ -189,25 +189,25 @@ class Quantization:
     def __post_init__(self) -> None:
         seen: set[str] = set()
         defaults, regexes, exact = [], [], []
-        for key, choice in self.rules:
+        for key, rule in self.rules:
             if not isinstance(key, str) or not key:
                 raise RecipeError(f"layer keys must be non-empty strings, not {key!r}")
             if len(key) > MAX_KEY_CHARS:
                 raise RecipeError(
                     f"layer key {key[:40]!r}... is {len(key)} characters; at most {MAX_KEY_CHARS}"
                 )
-            if not isinstance(choice, LayerQuant):
-                raise RecipeError(f"rule {key!r} must map to a LayerQuant, not {choice!r}")
+            if not isinstance(rule, LayerQuant):
+                raise RecipeError(f"rule {key!r} must map to a LayerQuant, not {rule!r}")
             if key in seen:
                 raise RecipeError(f"layer key {key!r} appears twice")
             seen.add(key)
             if key == DEFAULT_KEY:
-                defaults.append((key, choice))
+                defaults.append((key, rule))
             elif key.startswith(REGEX_PREFIX):
                 _layer_regex(key[len(REGEX_PREFIX) :])  # RecipeError if RE2 refuses it
-                regexes.append((key, choice))
+                regexes.append((key, rule))
             else:
-                exact.append((key, choice))
+                exact.append((key, rule))
         # Canonical order: default, regexes as given (their order is their priority), then
         # exact names sorted (their order does not matter), so equal recipes hash equal.
         object.__setattr__(self, "rules", tuple(defaults + regexes + sorted(exact)))
@@ -228,9 +228,9 @@ class Quantization:
         table = dict(self.rules)
         if name in table:
             return table[name], name
-        for key, choice in self.rules:
+        for key, rule in self.rules:
             if key.startswith(REGEX_PREFIX) and _layer_regex(key[len(REGEX_PREFIX) :]).fullmatch(name):
-                return choice, key
+                return rule, key
         if DEFAULT_KEY in table:
             return table[DEFAULT_KEY], DEFAULT_KEY
         return FP32, None

@@ -4,6 +4,8 @@ fast enough for tests, and small real models trained on scikit-learn's digits.""
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,6 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Starlette's TestClient names the server "testserver" in Host; the API answers loopback names
-# only, unless told otherwise (PGC_ALLOWED_HOSTS). Tests that build their own TestClient get it
-# allowed here; the security tests give their apps explicit settings and check the default.
-os.environ.setdefault("PGC_ALLOWED_HOSTS", "testserver")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
@@ -67,3 +65,41 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# --------------------------------------------------------------- every store backend
+
+POSTGRES_URL = os.environ.get("PGC_TEST_POSTGRES_URL")
+
+
+def _fresh_postgres(base_url: str) -> tuple[str, Any]:
+    """A new empty database on the server, dropped after the test."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"pgc_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(base_url).set(database=name).render_as_string(hide_password=False)
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return url, drop
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'pgc.db'}"
+        return
+    if not POSTGRES_URL:
+        pytest.skip("PGC_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server)")
+    url, drop = _fresh_postgres(POSTGRES_URL)
+    try:
+        yield url
+    finally:
+        drop()

@@ -17,12 +17,9 @@ from typing import Any, Callable
 from bench._faults.harness import (
     IN_FLIGHT,
     MODEL,
-    OPEN_STATES,
     ROOT,
     STALL_MS,
-    TOKEN,
     Ctx,
-    http,
     log,
     totals,
     window_stats,

@@ -170,11 +170,18 @@ def mark_failed(s: Session, run_id: int, message: str) -> None:
 
 
 def prune_statistics(store: st.Store, retention_h: float) -> int:
-    """Delete statistics and events past the retention; returns how many rows went."""
+    """Delete statistics and events past the retention, and history past its bounds (old
+    trials, finished deployments, events, and variants nothing refers to; never the active or
+    an open deployment, the newest runs' trials, or the fp32 base); returns how many rows
+    went."""
     with store.session() as s:
         n = st.repo.prune_stats(s, time.time() - retention_h * 3600)
+    from pgc_daemon.services.queries import BASELINE_HASH  # noqa: PLC0415 - loads the compiler
+
+    with store.session() as s:
+        n += st.repo.prune_history(s, protect_hashes=[BASELINE_HASH]).total
     if n:
-        log.info("pruned %d old statistics rows", n)
+        log.info("pruned %d old statistics and history rows", n)
     return n
 
 

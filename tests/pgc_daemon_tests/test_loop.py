@@ -58,7 +58,7 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
             assert [t.to_state for t in full.transitions] == [
                 "candidate", "building", "warming", "verifying", "canary", "active"
             ]
-        api = TestClient(create_app(settings, store=store))
+        api = TestClient(create_app(settings, store=store), base_url="http://127.0.0.1")
         body = api.get("/api/models/mlp").json()
         assert body["active"]["deployment_id"] == dep.id
         assert body["active"]["expected_speedup"] == pytest.approx(dep.expected_speedup)

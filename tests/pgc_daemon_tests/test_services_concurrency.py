@@ -5,54 +5,18 @@ where ``PGC_TEST_POSTGRES_URL`` names a server."""
 from __future__ import annotations
 
 import multiprocessing
-import os
-import uuid
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 import store as st
 from compiler import Quantization, Recipe
 from pgc_daemon import states
 from pgc_daemon.services.deployments import Conflict, request_deploy
 
-POSTGRES_URL = os.environ.get("PGC_TEST_POSTGRES_URL")
 BF16 = Recipe(quantization=Quantization.of({"_default": "bf16"}))
 RACERS = 16
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def race_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'race.db'}"
-        return
-    if not POSTGRES_URL:
-        pytest.skip("PGC_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server)")
-    url, drop = _fresh_postgres(POSTGRES_URL)
-    try:
-        yield url
-    finally:
-        drop()
-
-
-def _fresh_postgres(base_url: str) -> tuple[str, Any]:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"pgc_race_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(base_url).set(database=name).render_as_string(hide_password=False), drop
 
 
 def _served_model(url: str) -> None:
@@ -90,9 +54,9 @@ def _deploy_once(store: st.Store, barrier: Any) -> str:
         return "conflict"
 
 
-def test_threads_racing_request_deploy_create_one_deployment(race_url: str) -> None:
-    _served_model(race_url)
-    store = st.open_store(race_url)
+def test_threads_racing_request_deploy_create_one_deployment(backend_url: str) -> None:
+    _served_model(backend_url)
+    store = st.open_store(backend_url)
     barrier = threading.Barrier(RACERS)
     outcomes: list[str] = []
     lock = threading.Lock()
@@ -109,7 +73,7 @@ def test_threads_racing_request_deploy_create_one_deployment(race_url: str) -> N
         t.join(timeout=120)
     store.close()
     assert sorted(outcomes) == ["conflict"] * (RACERS - 1) + ["created"], outcomes
-    assert len(_open_deployments(race_url)) == 1
+    assert len(_open_deployments(backend_url)) == 1
 
 
 def _process_racer(url: str, barrier: Any, results: Any) -> None:
@@ -122,19 +86,19 @@ def _process_racer(url: str, barrier: Any, results: Any) -> None:
         store.close()
 
 
-def test_processes_racing_request_deploy_create_one_deployment(race_url: str) -> None:
-    _served_model(race_url)
+def test_processes_racing_request_deploy_create_one_deployment(backend_url: str) -> None:
+    _served_model(backend_url)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_process_racer, args=(race_url, barrier, results)) for _ in range(4)]
+    procs = [ctx.Process(target=_process_racer, args=(backend_url, barrier, results)) for _ in range(4)]
     for p in procs:
         p.start()
     outcomes = sorted(results.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(timeout=60)
     assert outcomes == ["conflict"] * 3 + ["created"], outcomes
-    assert len(_open_deployments(race_url)) == 1
+    assert len(_open_deployments(backend_url)) == 1
 
 
 def test_http_route_racing_creates_one_deployment(tmp_path: Path) -> None:

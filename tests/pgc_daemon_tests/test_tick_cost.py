@@ -141,3 +141,30 @@ def test_the_bounded_regression_check_still_finds_a_regression(tmp_path: Path) -
     daemon.tick()
     assert started == ["live latency regressed: p50 1.00 -> 1.50 ms"]
     daemon.store.close()
+
+
+def test_the_daemon_prunes_history_beyond_its_bounds(store: st.Store, settings: Any) -> None:
+    """Trials past the bound go with the hourly prune; the active deployment and the fp32
+    base's variant stay."""
+    from compiler import Recipe
+    from pgc_daemon.optimizer.workers import prune_statistics
+
+    with store.session() as s:
+        mid = st.repo.upsert_model(s, "m").id
+        base = st.repo.get_or_create_variant(s, mid, Recipe().hash, Recipe().to_dict(), "fp32")
+        dep = st.repo.create_deployment(s, mid, base.id, source="attach", reason="attached")
+        states.move(s, dep.id, states.D.ACTIVE, "serving")
+        runs = [
+            st.repo.create_search_run(s, mid, study_name=f"s{i}", policy_version=1, trigger="t",
+                                      trials_budget=1).id
+            for i in range(12)
+        ]
+        for i in range(st.repo.KEEP_TRIALS + 500):
+            st.repo.add_trial(s, model_id=mid, run_id=runs[i % len(runs)], number=i,
+                              state="complete", params={}, duration_s=0.0)
+    assert prune_statistics(store, settings.retention_h) > 0
+    with store.session() as s:
+        # the newest KEEP_TRIALS stay, and the older trials of the newest KEEP_RUNS runs
+        assert st.repo.KEEP_TRIALS <= len(st.repo.list_trials(s, mid, limit=10**6)) < 2300
+        assert st.repo.active_deployment(s, mid).id == dep.id
+        assert st.repo.get_variant(s, base.id).recipe_hash == Recipe().hash

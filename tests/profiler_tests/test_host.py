@@ -150,7 +150,7 @@ def test_leak_host_stats_counters_and_overhead_reach_the_store_and_the_api(tmp_p
 
         if counter_availability().mode != "off":  # software counters on this VM
             assert set(counter_availability().events) <= set(counters["lin"])
-        client = TestClient(create_app(settings, store=store))
+        client = TestClient(create_app(settings, store=store), base_url="http://127.0.0.1")
         api_events = client.get("/api/models/leaky/events").json()
         assert any(e["kind"] == "leak" and e["level"] == "warning" for e in api_events)
         model_json = client.get("/api/models/leaky").json()
