@@ -1,4 +1,5 @@
-"""pgc's compiler: recipes (what a variant is), ``build`` (making one), the compile cache, and
+"""pgc's compiler: recipes (what a variant is), ``build`` (making one), the compile cache and its
+artifacts (``load_artifact``: a variant another process built, loaded without compiling), and
 per-layer sensitivity.
 
 The errors load at once; everything else on first use (PEP 562), so a process that only needs
@@ -10,12 +11,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from compiler._errors import BuildError, CompilerError, RecipeError, UnsafeFolderError
+from compiler._errors import (
+    ArtifactUnavailable,
+    BuildError,
+    CompilerError,
+    RecipeError,
+    UnsafeFolderError,
+)
 from compiler.private import private_dir
 
 if TYPE_CHECKING:
     from compiler._registry import BuildReport, Example, register_transform, registered_parts
-    from compiler.build import BuiltVariant, build, run, warm
+    from compiler.build import BuiltVariant, build, load_artifact, run, warm
     from compiler.cache import CacheKey, CompileCache, cache_key
     from compiler.fidelity import METRICS, choose_metric, compare, fidelity
     from compiler.fingerprint import fingerprint
@@ -31,6 +38,7 @@ _LAZY: dict[str, str] = {
     "registered_parts": "compiler._registry",
     "BuiltVariant": "compiler.build",
     "build": "compiler.build",
+    "load_artifact": "compiler.build",
     "run": "compiler.build",
     "warm": "compiler.build",
     "CacheKey": "compiler.cache",
@@ -58,7 +66,10 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = sorted(
-    [*_LAZY, "BuildError", "CompilerError", "RecipeError", "UnsafeFolderError", "private_dir"]
+    [
+        *_LAZY, "ArtifactUnavailable", "BuildError", "CompilerError", "RecipeError",
+        "UnsafeFolderError", "private_dir",
+    ]
 )
 
 

@@ -13,6 +13,12 @@ few shapes, and shape buckets keep it that way.
 When the build has an example input the variant is compiled during ``build`` and the code
 Inductor generated is read back, so the report says which kernels really run (oneDNN int8
 ``qlinear_pointwise``, MKL fp32 ``_mkl_linear``, ...) rather than which were hoped for.
+
+With an example input and the ``latency`` partition, the variant is built as AOTInductor
+packages instead (``compiler._aoti``): as fast or faster, and another process loads them in
+seconds without compiling. ``torch.compile`` remains for the ``memory`` partition (blocks
+compiled one by one, unfrozen), for builds without an example, and wherever export, the
+package compile or the check of its outputs fails (the report says why).
 """
 
 from __future__ import annotations
@@ -190,6 +196,28 @@ def _compile_memory(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Mo
     return model
 
 
+def _try_aoti(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Module | None:
+    """The variant as AOTInductor packages (``compiler._aoti``), or None (with a note) when
+    export, compile or the check of its outputs fails."""
+    from compiler._aoti import to_aoti
+
+    try:
+        packaged = to_aoti(model, compile_options(part), ctx)
+    except Exception as exc:  # noqa: BLE001 - torch.compile serves it instead
+        text = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+        ctx.report.notes.append(
+            f"AOTInductor package not built ({why}); compiled with torch.compile instead"
+        )
+        return None
+    shapes = len(packaged.runners)
+    ctx.report.notes.append(
+        f"AOTInductor package ({part.mode}, freezing, static shapes: {shapes} input "
+        f"signature{'s' if shapes > 1 else ''}; other shapes run the original model)"
+    )
+    return packaged
+
+
 @register_transform(Partition)
 def apply_partition(model: nn.Module, part: Partition, ctx: BuildContext) -> nn.Module:
     """The strategy is carried out by the backend, which compiles; this records it."""
@@ -213,6 +241,10 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
         return model
     ctx.report.compiled = True
     strategy = ctx.state.get("partition", "latency")
+    if strategy == "latency" and ctx.first_input() is not None:
+        packaged = _try_aoti(model, part, ctx)
+        if packaged is not None:
+            return packaged
     if strategy == "memory" and not pt2e:
         compiled = _compile_memory(model, part, ctx)
     else:

@@ -16,3 +16,9 @@ class BuildError(CompilerError, RuntimeError):
 
 class UnsafeFolderError(CompilerError, PermissionError):
     """A folder pgc loads pickled graphs or generated code from is not private to this user."""
+
+
+class ArtifactUnavailable(CompilerError, LookupError):
+    """A stored artifact cannot be loaded here: missing, corrupt (a file's checksum differs
+    from its manifest) or incompatible (built for another model, recipe, machine, library
+    version or code-generation setting). The caller builds the variant instead."""

@@ -7,6 +7,9 @@ recipe makes int8 are quantized by ``quantize_dynamic`` (dynamic) or ``quantize_
 Conv node is excluded by name. ONNX Runtime takes one scheme and one granularity per model,
 so the first int8 choice (the default's, if any) decides and layers asking otherwise stay
 fp32, with the reason in the report. fp16/bf16 layer choices are not built here.
+
+The final model file (quantized or not) is what a compile cache keeps as the variant's
+artifact; :func:`load_onnx` makes a session from it again, nothing exported or quantized.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
 from compiler._errors import BuildError
 from compiler._registry import BuildContext, Example
@@ -257,6 +260,26 @@ def to_onnxruntime(model: nn.Module, ctx: BuildContext) -> nn.Module:
     wrapped.signature = inspect.signature(model.forward)
     ctx.report.compiled = True
     ctx.report.notes.append(f"onnxruntime {onnxruntime_version()} CPU session, all graph optimizations")
+    try:  # what a compile cache keeps as an artifact (``compiler.build``)
+        out_spec = treespec_dumps(spec)
+    except Exception as exc:  # noqa: BLE001 - an output type pytree cannot name: no artifact
+        why = type(exc).__name__
+        ctx.report.notes.append(f"onnxruntime: no artifact (outputs not serializable: {why})")
+    else:
+        ctx.state["artifact"] = {
+            "kind": "onnx", "onnx": onnx_bytes, "input_names": names, "out_spec": out_spec,
+        }
+    return wrapped
+
+
+def load_onnx(
+    onnx_bytes: bytes, input_names: list[str], out_spec: str, model: nn.Module
+) -> OrtModule:
+    """An ONNX Runtime variant from a stored model file: a session is created, nothing is
+    exported or quantized. ``model`` gives the call signature."""
+    spec = treespec_loads(out_spec)
+    wrapped = OrtModule(onnx_bytes, list(input_names), spec, threads=torch.get_num_threads())
+    wrapped.signature = inspect.signature(model.forward)
     return wrapped
 
 

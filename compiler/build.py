@@ -1,25 +1,36 @@
-"""``build(model, recipe)``: apply a recipe's parts in order to a copy of the model."""
+"""``build(model, recipe)``: apply a recipe's parts in order to a copy of the model; and
+``load_artifact``: a variant another process built, loaded without compiling.
+
+A variant built as AOTInductor packages or as an ONNX Runtime model is kept whole in the
+compile cache's artifacts folder (see ``compiler.cache``). ``build`` returns the artifact
+stored for its exact key instead of building; ``load_artifact`` takes one by digest (what a
+worker recorded) and needs only that it fits this process: the same model and recipe, on the
+same kind of machine and libraries. Nothing is compiled either way.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from compiler import _backend, _buckets, _fusion, _kernels, _layout, _quant  # noqa: F401
-from compiler._errors import BuildError, CompilerError
+from compiler._errors import ArtifactUnavailable, BuildError, CompilerError
 from compiler._registry import BuildContext, BuildReport, Example, analysis_for, transform_for
-from compiler.cache import CacheKey, CompileCache, cache_key
+from compiler.cache import CacheKey, CompileCache, cache_key, incompatible
 from compiler.recipe import Recipe
 
 _AFTER_QUANTIZATION = Recipe.APPLY_ORDER[Recipe.APPLY_ORDER.index("quantization") + 1 :]
+_AFTER_BACKEND = Recipe.APPLY_ORDER[Recipe.APPLY_ORDER.index("backend") + 1 :]
 
 
 @dataclass
@@ -29,6 +40,8 @@ class BuiltVariant:
     module: nn.Module
     recipe: Recipe
     report: BuildReport
+    artifact: str | None = None
+    """The digest of the artifact this variant was saved as or loaded from (None: not kept)."""
 
     @property
     def hookable(self) -> bool:
@@ -53,21 +66,36 @@ def build(
     input to run, a compiled variant is compiled here and the report names the kernels it
     runs; without one, the first call compiles, so callers warm a variant before serving it
     (see :func:`warm`). With a ``cache``, the same key (see ``compiler.cache``) returns the
-    variant built before in this process, or rebuilds it from the quantized graph saved on
-    disk by another process.
+    variant built before in this process, or the artifact stored for the key (loaded, not
+    compiled), or rebuilds it from the quantized graph saved on disk by another process; a
+    variant built as packages is stored as an artifact (``variant.artifact``).
     """
     key: CacheKey | None = None
+    stale: str | None = None
     if cache is not None:
         key = cache_key(model, recipe, calibration)
         hit = cache.get(key)
         if hit is not None:  # the very same compiled module; a report of its own
             report = dataclasses.replace(copy.deepcopy(hit.report), cache="hit")
-            return BuiltVariant(module=hit.module, recipe=hit.recipe, report=report)
+            return BuiltVariant(
+                module=hit.module, recipe=hit.recipe, report=report, artifact=hit.artifact
+            )
+        if cache.has_artifact(key.digest):
+            try:
+                loaded = _load_artifact(model, recipe, key.digest, cache, key)
+            except ArtifactUnavailable as exc:
+                stale = f"stored artifact not loaded ({exc}); built again"
+            else:
+                cache.put(key, loaded)
+                return loaded
     started = time.perf_counter()
     report = BuildReport()
+    if stale:
+        report.notes.append(stale)
     ctx = BuildContext(
         calibration=list(calibration), example=example, report=report, recipe=recipe
     )
+    ctx.state["original"] = model  # a packaged variant serves other shapes with it
     try:
         with torch.no_grad(), (cache.inductor_dir() if cache is not None else contextlib.nullcontext()):
             loaded = cache.load(key) if cache is not None and key is not None else None
@@ -91,15 +119,119 @@ def build(
                 module = transform_for(part)(module, part, ctx)
                 if name == "quantization" and cache is not None and key is not None:
                     _save(cache, key, module, ctx)
+        report.build_s = time.perf_counter() - started
+        variant = BuiltVariant(module=module, recipe=recipe, report=report)
+        if cache is not None and key is not None:
+            variant.artifact = _store_artifact(cache, key, recipe, ctx)
+            cache.put(key, variant)
     except CompilerError:
         raise
     except Exception as exc:  # a library failed on this model: say which recipe, keep cause
         raise BuildError(f"building {recipe.label()} failed: {type(exc).__name__}: {exc}") from exc
-    report.build_s = time.perf_counter() - started
-    variant = BuiltVariant(module=module, recipe=recipe, report=report)
-    if cache is not None and key is not None:
-        cache.put(key, variant)
+    finally:
+        made = ctx.state.get("artifact") or {}
+        if made.get("folder") is not None:  # the packages' temporary folder
+            shutil.rmtree(made["folder"], ignore_errors=True)
     return variant
+
+
+def load_artifact(
+    model: nn.Module, recipe: Recipe, digest: str, *, cache: CompileCache
+) -> BuiltVariant:
+    """The variant stored in ``cache``'s artifacts as ``digest``, loaded without compiling.
+
+    ``model`` is the fp32 model the artifact was built from (its fingerprint must match; a
+    packaged variant serves shapes it was not compiled for with it). The artifact must fit
+    this process: every file's checksum, the graph, the recipe, the device, the library
+    versions and the code-generation environment are checked; the calibration may differ.
+    Raises :class:`ArtifactUnavailable` saying what is missing, corrupt or incompatible, so
+    the caller can :func:`build` instead."""
+    return _load_artifact(model, recipe, digest, cache, cache_key(model, recipe))
+
+
+def _load_artifact(
+    model: nn.Module, recipe: Recipe, digest: str, cache: CompileCache, here: CacheKey
+) -> BuiltVariant:
+    started = time.perf_counter()
+    folder, manifest = cache.open_artifact(digest)
+    why = incompatible(manifest.get("key", {}), here)
+    if why is not None:
+        raise ArtifactUnavailable(
+            f"artifact {digest[:12]} is incompatible with this process: {why}"
+        )
+    saved = manifest.get("report", {})
+    report = BuildReport(
+        applied=dict(saved.get("applied", {})),
+        skipped=dict(saved.get("skipped", {})),
+        kernel_paths=dict(saved.get("kernel_paths", {})),
+        notes=list(saved.get("notes", [])),
+        compiled=bool(saved.get("compiled", True)),
+        cache="artifact",
+    )
+    ctx = BuildContext(calibration=[], example=None, report=report, recipe=recipe)
+    leaves = manifest.get("state", {}).get("token_leaves")
+    ctx.state["token_leaves"] = frozenset(leaves) if leaves is not None else None
+    try:
+        with cache.inductor_dir():
+            module = _artifact_module(manifest, folder, model)
+            for name in _AFTER_BACKEND:
+                part = getattr(recipe, name)
+                module = transform_for(part)(module, part, ctx)
+    except Exception as exc:  # a library refused it (another ISA, a missing op): build instead
+        raise ArtifactUnavailable(
+            f"artifact {digest[:12]} could not be loaded: {type(exc).__name__}: {exc}"
+        ) from exc
+    cache.artifact_loaded()
+    report.build_s = time.perf_counter() - started
+    report.notes.append(
+        f"loaded from artifact {digest[:12]} in {report.build_s:.1f}s "
+        f"(built in {float(saved.get('build_s', 0.0)):.1f}s); nothing compiled"
+    )
+    return BuiltVariant(module=module, recipe=recipe, report=report, artifact=digest)
+
+
+def _artifact_module(manifest: dict[str, Any], folder: Path, model: nn.Module) -> nn.Module:
+    kind = manifest["kind"]
+    if kind == "aoti":
+        from compiler._aoti import load_aoti
+
+        order = manifest["order"]
+        if not set(order) <= set(manifest["files"]):  # only files whose checksum was checked
+            raise ValueError("the manifest names packages it has no checksum for")
+        return load_aoti(folder, order, manifest["inputs"], model)
+    if kind == "onnx":
+        from compiler._ort import load_onnx
+
+        onnx_bytes = (folder / "model.onnx").read_bytes()
+        return load_onnx(onnx_bytes, manifest["input_names"], manifest["out_spec"], model)
+    raise ValueError(f"unknown artifact kind {kind!r}")
+
+
+def _store_artifact(
+    cache: CompileCache, key: CacheKey, recipe: Recipe, ctx: BuildContext
+) -> str | None:
+    """Save what the backend left in ``ctx.state["artifact"]`` (packages or an ONNX model)."""
+    made = ctx.state.get("artifact")
+    if not made or cache.artifacts is None:
+        return None
+    token = ctx.state.get("token_leaves")
+    meta: dict[str, Any] = {
+        "recipe": recipe.to_dict(),
+        "report": ctx.report.to_dict(),
+        "state": {"token_leaves": sorted(token) if token is not None else None},
+    }
+    if made["kind"] == "aoti":
+        files: dict[str, Path | bytes] = {n: made["folder"] / n for n in made["files"]}
+        meta.update(order=list(made["files"]), inputs=made["inputs"])
+    else:
+        files = {"model.onnx": made["onnx"]}
+        meta.update(input_names=made["input_names"], out_spec=made["out_spec"])
+    digest = cache.save_artifact(key, made["kind"], files, meta)
+    if digest is None:
+        ctx.report.notes.append(
+            f"compile cache: artifact not saved ({cache.artifacts} not writable)"
+        )
+    return digest
 
 
 def _save(cache: CompileCache, key: CacheKey, module: nn.Module, ctx: BuildContext) -> None:

@@ -17,19 +17,33 @@ process (or after a restart) skips the slow steps.
 
 **What is reused**, measured on all-MiniLM-L6-v2 static int8 (2 busy cores): a fresh build
 spends most of its time calibrating (histogram observers) and compiling. In a second process,
-Inductor's FX graph cache does not help (it refuses graphs with prepacked oneDNN weights), and
-AOTInductor packages of pt2e graphs came out wrong with dynamic shapes and slow with static
-ones, so neither is used. What helps is (1) the quantized graph saved as a ``torch.export``
-program (calibration and export skipped; loading takes a second) and (2) Inductor's on-disk
-kernel cache kept in pgc's folder (``inductor/``), which cut the compile of the same graph in a
-new process from ~60 s to ~20 s. Within a process, built variants are kept (a small LRU), so the
-same key returns the very same compiled module.
+Inductor's FX graph cache does not help (it refuses graphs with prepacked oneDNN weights).
+AOTInductor packages of pt2e graphs came out wrong with dynamic shapes and slow without
+freezing; compiled with static shapes and freezing they are the fastest variant, and are kept
+whole (artifacts, below). For variants ``torch.compile`` builds, what helps is (1) the
+quantized graph saved as a ``torch.export`` program (calibration and export skipped; loading
+takes a second) and (2) Inductor's on-disk kernel cache kept in pgc's folder (``inductor/``),
+which cut the compile of the same graph in a new process from ~60 s to ~20 s. Within a
+process, built variants are kept (a small LRU), so the same key returns the very same module.
+
+**Artifacts: build once, load everywhere.** A variant built as AOTInductor packages (or an
+ONNX Runtime model) is also saved whole, as an *artifact*: ``artifacts/<key digest>/`` holds
+its files and ``manifest.json`` (the key, the kind, every file's SHA-256, the input signatures
+it was compiled for, the recipe, the build report, its size and age). Another process loads it
+in seconds with ``compiler.load_artifact``, nothing compiled, after checking every checksum and
+that the key fits this process (same graph, recipe, device, versions and code-generation
+environment; the calibration may differ, the artifact carries its own). ``build`` itself
+returns the artifact stored for its exact key. Artifacts are written to a temporary folder
+and renamed into place, and removed oldest first beyond ``max_artifact_bytes``; their folder
+may be set apart (``artifacts=``), e.g. on a path every host of a fleet mounts.
 
 Layout of ``folder``: ``variants/<key digest>/{graph.pt2,meta.json}``, ``inductor/``,
-``kernel_choices.json`` (kernel paths chosen by measurement, ``compiler._measure``). Variant
-folders beyond ``max_disk_bytes`` are removed oldest first. Files are read with
-``weights_only=False`` semantics (a pickled graph), so the folder is private to pgc: created
-0700, refused when another user owns it or others may write to it (``compiler.private``).
+``artifacts/`` (unless set apart), ``kernel_choices.json`` (kernel paths chosen by
+measurement, ``compiler._measure``). Variant folders beyond ``max_disk_bytes`` are removed
+oldest first. Files are read with ``weights_only=False`` semantics (a pickled graph) and
+artifacts hold shared libraries that are loaded into the process, so every folder is private
+to pgc: created 0700, refused when another user owns it or others may write to it
+(``compiler.private``).
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -52,6 +67,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from compiler._errors import ArtifactUnavailable, UnsafeFolderError
 from compiler._registry import Example
 from compiler.fingerprint import fingerprint
 from compiler.hardware import probe
@@ -162,12 +178,42 @@ def cache_key(
     )
 
 
+def incompatible(stored: dict[str, Any], here: CacheKey) -> str | None:
+    """Why an artifact built under the ``stored`` key cannot serve in this process (None: it
+    can). Every part of the key must match except the calibration digest."""
+    mine = here.to_dict()
+    for part in ("graph", "recipe", "device", "versions", "env"):
+        if stored.get(part) != mine[part]:
+            if isinstance(mine[part], dict) and isinstance(stored.get(part), dict):
+                names = sorted(
+                    k for k in set(mine[part]) | set(stored[part])
+                    if mine[part].get(k) != stored[part].get(k)
+                )
+                return f"{part} differs ({', '.join(names)})"
+            return f"{part} differs"
+    return None
+
+
+ARTIFACT_FORMAT = 1
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 @dataclass
 class CacheStats:
     memory_hits: int = 0
     disk_hits: int = 0
     misses: int = 0
     stored: int = 0
+    artifact_loads: int = 0
+    artifacts_stored: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -183,12 +229,18 @@ class CompileCache:
         self,
         folder: str | os.PathLike[str] | None = None,
         *,
+        artifacts: str | os.PathLike[str] | None = None,
         max_memory: int = 2,
         max_disk_bytes: int = 2 << 30,
+        max_artifact_bytes: int = 4 << 30,
     ) -> None:
         self.folder = Path(folder).expanduser().resolve() if folder is not None else None
+        if artifacts is None and self.folder is not None:
+            artifacts = self.folder / "artifacts"
+        self.artifacts = Path(artifacts).expanduser().resolve() if artifacts is not None else None
         self.max_memory = max_memory
         self.max_disk_bytes = max_disk_bytes
+        self.max_artifact_bytes = max_artifact_bytes
         self.stats = CacheStats()
         self._memory: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -198,6 +250,8 @@ class CompileCache:
             from compiler import _measure
 
             _measure.set_store(self.folder)
+        if self.artifacts is not None:
+            private_dir(self.artifacts)
 
     # ------------------------------------------------------------------ memory
 
@@ -283,6 +337,127 @@ class CompileCache:
             shutil.rmtree(p, ignore_errors=True)
             total -= size
 
+    # ------------------------------------------------------------------ artifacts
+
+    def artifact_dir(self, digest: str) -> Path | None:
+        if self.artifacts is None or not _DIGEST.fullmatch(digest):
+            return None
+        return self.artifacts / digest
+
+    def has_artifact(self, digest: str) -> bool:
+        path = self.artifact_dir(digest)
+        return path is not None and (path / "manifest.json").is_file()
+
+    def save_artifact(
+        self, key: CacheKey, kind: str, files: dict[str, Path | bytes], meta: dict[str, Any]
+    ) -> str | None:
+        """Store an artifact under ``key``'s digest: ``files`` (copied from a path or written
+        from bytes) and a manifest of ``meta`` plus the key, kind, checksums, size and time.
+        Written in a temporary folder and renamed into place; returns the digest, or None when
+        there is no artifacts folder or it cannot be written (the variant is only not kept)."""
+        final = self.artifact_dir(key.digest)
+        if final is None:
+            return None
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            private_dir(tmp)
+            sums: dict[str, str] = {}
+            for name, src in files.items():
+                if isinstance(src, bytes):
+                    (tmp / name).write_bytes(src)
+                else:
+                    shutil.copyfile(src, tmp / name)
+                sums[name] = sha256_file(tmp / name)
+            manifest = {
+                **meta,
+                "format": ARTIFACT_FORMAT,
+                "key": key.to_dict(),
+                "kind": kind,
+                "files": sums,
+                "size_bytes": sum((tmp / n).stat().st_size for n in sums),
+                "created_at": time.time(),
+            }
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            old = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.old")
+            if final.exists():  # a corrupt or older copy: move it aside, then swap
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        except Exception:  # noqa: BLE001 - an artifact that cannot be written is only not kept
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        with self._lock:
+            self.stats.artifacts_stored += 1
+        self._prune_artifacts(keep=key.digest)
+        return key.digest
+
+    def open_artifact(self, digest: str) -> tuple[Path, dict[str, Any]]:
+        """The folder and manifest of a stored artifact whose every file has the checksum its
+        manifest names. Raises :class:`ArtifactUnavailable` (missing, unsafe or corrupt)."""
+        path = self.artifact_dir(digest)
+        if path is None:
+            where = "no artifacts folder" if self.artifacts is None else "not a key digest"
+            raise ArtifactUnavailable(f"artifact {digest[:16]!r} is missing ({where})")
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except FileNotFoundError:
+            raise ArtifactUnavailable(
+                f"artifact {digest[:12]} is missing from {self.artifacts}"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise ArtifactUnavailable(
+                f"artifact {digest[:12]} is corrupt: unreadable manifest ({exc})"
+            ) from None
+        try:
+            private_dir(path)
+        except UnsafeFolderError as exc:
+            raise ArtifactUnavailable(f"artifact {digest[:12]} is unsafe to load: {exc}") from None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict) or not files or manifest.get("format") != ARTIFACT_FORMAT:
+            raise ArtifactUnavailable(
+                f"artifact {digest[:12]} is corrupt: manifest of another format"
+            )
+        for name, expected in files.items():
+            file = path / name
+            if "/" in name or name.startswith(".") or not file.is_file() or file.is_symlink():
+                raise ArtifactUnavailable(f"artifact {digest[:12]} is corrupt: {name} is missing")
+            if sha256_file(file) != expected:
+                raise ArtifactUnavailable(
+                    f"artifact {digest[:12]} is corrupt: checksum of {name} differs"
+                )
+        with contextlib.suppress(OSError):  # recently used: pruned last (a read-only mount is fine)
+            os.utime(path)
+        return path, manifest
+
+    def artifact_loaded(self) -> None:
+        with self._lock:
+            self.stats.artifact_loads += 1
+
+    def _prune_artifacts(self, keep: str) -> None:
+        """Remove artifacts oldest first (last saved or loaded) while the total is over
+        ``max_artifact_bytes``, never ``keep``; and leftovers of interrupted writes."""
+        assert self.artifacts is not None
+        entries = []
+        for p in self.artifacts.iterdir():
+            try:
+                if p.name.startswith("."):
+                    if time.time() - p.stat().st_mtime > 3600:
+                        shutil.rmtree(p, ignore_errors=True)
+                    continue
+                if p.is_dir():
+                    size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+                    entries.append((p.stat().st_mtime, size, p))
+            except OSError:  # removed by another process meanwhile
+                continue
+        total = sum(size for _, size, _ in entries)
+        for _, size, p in sorted(entries):
+            if total <= self.max_artifact_bytes:
+                break
+            if p.name == keep:
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+            total -= size
+
     def miss(self) -> None:
         with self._lock:
             self.stats.misses += 1
@@ -308,6 +483,7 @@ class CompileCache:
     def describe(self) -> dict[str, Any]:
         return {
             "folder": str(self.folder) if self.folder else None,
+            "artifacts": str(self.artifacts) if self.artifacts else None,
             "memory_entries": len(self._memory),
             **self.stats.to_dict(),
             "at": time.time(),

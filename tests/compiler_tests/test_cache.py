@@ -1,10 +1,11 @@
 """The compile cache: a documented key, hits and misses counted, the same key rebuilds
-bit-identical outputs (in this process, from disk, and in another process), any change of
-the key misses."""
+bit-identical outputs (in this process, from the stored artifact or the saved graph, and in
+another process), any change of the key misses."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -82,10 +83,19 @@ def test_same_key_rebuilds_bit_identical_outputs_from_memory_and_disk(
     assert again.report.cache == "hit" and first.report.cache == "miss"
     fresh = CompileCache(tmp_path)  # a restarted process: nothing in memory, the disk remains
     third = build(cnn_spec["model"], STATIC, calibration=cal, cache=fresh)
-    assert third.report.cache == "hit" and fresh.stats.disk_hits == 1 and fresh.stats.misses == 0
+    # the packages built the first time are loaded whole: nothing calibrated or compiled
+    assert third.report.cache == "artifact" and fresh.stats.artifact_loads == 1 and fresh.stats.misses == 0
+    assert third.artifact == first.artifact is not None
     assert third.report.applied == first.report.applied
     assert third.report.kernel_paths["<compiled>"] == first.report.kernel_paths["<compiled>"]
     for a, b in zip(outputs(first.module, test), outputs(third.module, test)):
+        assert torch.equal(a, b)
+    shutil.rmtree(tmp_path / "artifacts")  # without the artifact: the quantized graph saved on disk
+    again_fresh = CompileCache(tmp_path)
+    fourth = build(cnn_spec["model"], STATIC, calibration=cal, cache=again_fresh)
+    assert fourth.report.cache == "hit" and again_fresh.stats.disk_hits == 1 and again_fresh.stats.misses == 0
+    assert fourth.report.kernel_paths["<compiled>"] == first.report.kernel_paths["<compiled>"]
+    for a, b in zip(outputs(first.module, test), outputs(fourth.module, test)):
         assert torch.equal(a, b)
     assert any(p.name.startswith("variants") for p in tmp_path.iterdir())
     assert any((tmp_path / "inductor").iterdir())  # Inductor's kernels went to pgc's folder
@@ -120,8 +130,8 @@ def test_another_process_rebuilds_the_same_variant_bit_identically(cnn_spec: dic
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append((proc.stdout.strip().splitlines()[-1], torch.load(path)))
-    assert outs[0][0].startswith("miss") and outs[1][0].startswith("hit")
-    assert "'disk_hits': 1" in outs[1][0]
+    assert outs[0][0].startswith("miss") and outs[1][0].startswith("artifact")
+    assert "'artifact_loads': 1" in outs[1][0] and "'misses': 0" in outs[1][0]
     assert outs[0][0].split("}")[1] == outs[1][0].split("}")[1]  # the same kernels
     assert torch.equal(outs[0][1], outs[1][1])
 

@@ -1,0 +1,392 @@
+"""Inductor variants as AOTInductor packages: compiled once, loaded by any process without
+compiling.
+
+A ``torch.compile`` variant lives only in the process that compiled it, so the serving
+process used to rebuild what a worker had already built and measured (20-60 s of compile on
+MiniLM). An AOTInductor package (``torch._inductor.aoti_compile_and_package``) is a ``.pt2``
+zip holding the generated C++ (``wrapper.cpp``, ``kernel.cpp``) and the shared library built
+from it, weights included; it loads in a fraction of a second, nothing compiled, no C++
+compiler needed. Measured on all-MiniLM-L6-v2 static int8 (pt2e), against fp32 eager: 3.4-3.5x as a
+package, 2.7-3.0x through ``torch.compile``.
+
+Three rules come from measurements:
+
+- **Freezing, under ``torch.no_grad()``.** Without it the quantized linears of a pt2e graph
+  never reach oneDNN's ``qlinear_pointwise`` (1.2x instead of 3.4x); with it, weights are
+  constant-folded and prepacked into the package.
+- **Static shapes.** pt2e packages compiled with dynamic shapes gave wrong outputs, so each
+  package is exported for the exact shapes (and strides, dtypes, devices) of one example,
+  checked after compiling against the module it came from, and :class:`AotiModule` serves a
+  call from a package only when the call's inputs have those shapes. Any other call is served
+  by the original model given to ``build`` (exact fp32 outputs), counted in
+  ``shape_misses``: never an error, never a compile. A recipe with shape buckets gets one
+  package per bucket length.
+- **The GIL is held for a whole call.** The loader runs a package without releasing it
+  (torch 2.13), so other Python threads of the process do not run while a call does (eager
+  and ``torch.compile`` variants let them run between ops): a thread spinning beside MiniLM
+  packages called back to back got ~5% of its usual iterations. Calls take milliseconds, so
+  background threads still get turns between them.
+
+The loader extracts a package into a temporary folder, removed when the variant is released
+or, at the latest, when the process exits (see :func:`_extract_folder`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import re
+import shutil
+import tempfile
+import threading
+import zipfile
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
+
+from compiler._pt2e import quiet
+from compiler._registry import BuildContext, Example
+
+Signature = tuple[Any, ...]
+"""What a package was compiled for: per input its shape, strides, dtype and device, when the
+inputs are positional tensors; otherwise the inputs' tree structure first, then the same per
+leaf (or the value of a non-tensor leaf). Hashable; a few microseconds to compute."""
+
+MAX_REL_ERROR = 0.1
+"""A package whose outputs differ from its module's by more (relative L2) is not used."""
+
+
+def _leaf(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), _layout(x), x.dtype, x.device)
+    return ("value", repr(x))
+
+
+def _layout(x: torch.Tensor) -> str | tuple[int, ...]:
+    """``contiguous``, or the strides that matter: a dimension of size 1 is never stepped
+    along, so its stride (which varies with how the tensor was made) is left out."""
+    if x.is_contiguous():
+        return "contiguous"
+    return tuple(st if n != 1 else 0 for n, st in zip(x.shape, x.stride()))
+
+
+def signature(args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
+    if not kwargs and all(type(a) is torch.Tensor for a in args):  # the usual call, quickly
+        return tuple(map(_leaf, args))
+    leaves, spec = tree_flatten((tuple(args), kwargs))
+    return (spec, *map(_leaf, leaves))
+
+
+def signature_to_json(sig: Signature) -> dict[str, Any]:
+    if sig and isinstance(sig[0], tuple):  # tensors only, positional: no tree structure
+        spec, leaves = None, list(sig)
+    else:
+        spec, leaves = sig[0], list(sig[1:])
+    out: list[dict[str, Any]] = []
+    for leaf in leaves:
+        if leaf[0] == "value":
+            out.append({"value": leaf[1]})
+        else:
+            shape, stride, dtype, device = leaf
+            out.append({
+                "shape": list(shape), "stride": stride if isinstance(stride, str) else list(stride),
+                "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+            })
+    return {"spec": treespec_dumps(spec) if spec is not None else None, "leaves": out}
+
+
+def signature_from_json(data: dict[str, Any]) -> Signature:
+    leaves: list[Any] = []
+    for leaf in data["leaves"]:
+        if "value" in leaf:
+            leaves.append(("value", leaf["value"]))
+        else:
+            dtype = getattr(torch, leaf["dtype"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"not a dtype: {leaf['dtype']!r}")
+            stride = leaf["stride"]
+            stride = stride if isinstance(stride, str) else tuple(stride)
+            leaves.append((tuple(leaf["shape"]), stride, dtype, torch.device(leaf["device"])))
+    if data["spec"] is None:
+        return tuple(leaves)
+    return (treespec_loads(data["spec"]), *leaves)
+
+
+_EXTRACT_LOCK = threading.Lock()
+_extract_root: tuple[int, str] | None = None
+
+
+def _extract_folder() -> str:
+    """This process's folder for extracted packages, removed when it exits. The loader
+    extracts each package under ``TMPDIR`` and removes the copy only when the loader is freed,
+    which a process that exits holding variants never does (60 MB per MiniLM package, per
+    process). Folders of processes that are gone (killed) are removed here too."""
+    global _extract_root
+    pid = os.getpid()
+    if _extract_root is None or _extract_root[0] != pid:  # first use, or a forked child
+        base = Path(tempfile.gettempdir())
+        for old in base.glob("pgc-aoti-loaded-*"):
+            try:
+                os.kill(int(old.name.split("-")[3]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(old, ignore_errors=True)
+            except (ValueError, IndexError, OSError):
+                continue
+        root = tempfile.mkdtemp(prefix=f"pgc-aoti-loaded-{pid}-")
+        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(root, ignore_errors=True))
+        _extract_root = (pid, root)
+    return _extract_root[1]
+
+
+def _package_loader(path: str | Path) -> Any:
+    """The package's C++ loader. ``aoti_load_package`` would first compare the package's CPU
+    ISA with this machine's, which Inductor finds by compiling probe programs: a C++ compiler
+    on every serving host, and seconds in a fresh cache folder. An artifact's key already pins
+    the CPU model and its ISA features, so the loader is made directly (MiniLM int8, 61 MB:
+    0.1 s, without importing Inductor)."""
+    make = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+    if make is None:  # a torch without it: the public way
+        with quiet():
+            from torch._inductor.package import load_package
+
+            return load_package(str(path)).loader
+    with _EXTRACT_LOCK:  # the loader reads TMPDIR; set it for this call only
+        before = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = _extract_folder()
+        try:  # (model name, single-threaded, runners, device)
+            return make(str(path), "model", False, 1, -1)
+        finally:
+            if before is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = before
+
+
+class PackageRunner:
+    """One loaded package, called through its loader directly (``AOTICompiledModel`` parses
+    the package's call spec again on every call)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.loader = _package_loader(path)
+        in_spec, out_spec = (treespec_loads(s) for s in self.loader.get_call_spec())
+        self.kwarg_order = list(in_spec.child(1).context or [])
+        self.out_spec = out_spec
+
+    def __call__(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if not kwargs and all(type(a) is torch.Tensor for a in args):
+            flat = list(args)
+        else:
+            kwargs = {k: kwargs[k] for k in self.kwarg_order}  # in the order exported
+            leaves = tree_flatten((tuple(args), kwargs))[0]
+            flat = [x for x in leaves if isinstance(x, torch.Tensor)]
+        return tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
+
+
+class AotiModule(nn.Module):
+    """Loaded packages, one per input signature, and the original model for every other call.
+
+    The original model is not registered as a submodule: the variant's layers are compiled
+    away, and profiling or ``state_dict`` must not see the fp32 model's as its own."""
+
+    def __init__(self, runners: dict[Signature, PackageRunner], fallback: nn.Module) -> None:
+        super().__init__()
+        self.runners = runners
+        self.__dict__["fallback"] = fallback
+        self.shape_misses = 0
+        self._misses_lock = threading.Lock()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        runner = self.runners.get(signature(args, kwargs))
+        if runner is not None:
+            return runner(args, kwargs)
+        with self._misses_lock:
+            self.shape_misses += 1
+        return self.__dict__["fallback"](*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def aoti_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Inductor options for a package: the ``torch.compile`` ones (freezing, max-autotune)
+    less CUDA graphs, which a package does not capture."""
+    return {k: v for k, v in options.items() if k != "triton.cudagraphs"}
+
+
+def compile_package(
+    module: nn.Module, example: Example, path: Path, options: dict[str, Any]
+) -> None:
+    """Export ``module`` with the example's static shapes and compile it into ``path``."""
+    from torch._inductor import aoti_compile_and_package
+
+    args, kwargs = example
+    with torch.no_grad(), quiet(), contextlib.redirect_stderr(io.StringIO()):
+        program = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(options))
+    _drop_build_outputs(path)
+
+
+def _drop_build_outputs(package: Path) -> None:
+    """AOTInductor leaves what it packaged (the shared library, as large as the weights, and
+    its sources) in a folder of Inductor's cache; the package holds a copy, and a search that
+    builds many variants would fill the disk with them. Only that folder is removed."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    with zipfile.ZipFile(package) as z:
+        names = {Path(n).name for n in z.namelist() if n.endswith(".wrapper.so")}
+    for name in names:
+        for found in root.glob(f"*/{name}"):
+            own = found.parent.name not in ("locks", "aotautograd", "fxgraph")
+            if found.parent.parent == root and own:
+                shutil.rmtree(found.parent, ignore_errors=True)
+
+
+def relative_error(expected: Any, got: Any) -> float:
+    """Largest relative L2 error over the floating-point output leaves (inf: other structure)."""
+    a, spec_a = tree_flatten(expected)
+    b, spec_b = tree_flatten(got)
+    if spec_a != spec_b:
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not isinstance(x, torch.Tensor):
+            continue
+        if not isinstance(y, torch.Tensor) or x.shape != y.shape:
+            return float("inf")
+        if not x.is_floating_point():
+            worst = max(worst, 0.0 if torch.equal(x, y) else float("inf"))
+            continue
+        x, y = x.detach().float(), y.detach().float()
+        norm = max(float(torch.linalg.vector_norm(x)), 1e-12)
+        err = float(torch.linalg.vector_norm(x - y)) / norm
+        worst = max(worst, err if err == err else float("inf"))  # NaN counts as wrong
+    return worst
+
+
+def shape_examples(example: Example, recipe: Any) -> list[Example]:
+    """The examples to compile packages for: the given one, or with shape buckets the example
+    at each bucket length (padded with the bucket's pad value, or cut)."""
+    buckets = getattr(recipe, "buckets", None)
+    if buckets is None or buckets.is_identity:
+        return [example]
+    from compiler._buckets import _length, pad_inputs
+
+    args, kwargs = example
+    dim = buckets.dim
+    length = _length(args, kwargs, dim)
+    if length is None:
+        return [example]
+    out: list[Example] = []
+    for size in buckets.sizes:
+        if size >= length:
+            out.append(pad_inputs(args, kwargs, dim, length, size, buckets.pad_value))
+            continue
+        leaves, spec = tree_flatten((args, kwargs))
+        cut = [
+            x.narrow(dim, 0, size).contiguous()
+            if isinstance(x, torch.Tensor) and x.dim() > dim and x.shape[dim] == length
+            else x
+            for x in leaves
+        ]
+        out.append(tree_unflatten(cut, spec))
+    return out
+
+
+def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> AotiModule:
+    """Compile ``model`` into one package per shape example (see :func:`shape_examples`),
+    check each against ``model``, load them and serve them. The packages stay in a temporary
+    folder named in ``ctx.state["artifact"]`` (``build`` saves them to the compile cache and
+    removes it). Raises when any step fails; the caller then compiles with ``torch.compile``."""
+    example = ctx.first_input()
+    assert example is not None
+    folder = Path(tempfile.mkdtemp(prefix="pgc-aoti-"))
+    try:
+        runners: dict[Signature, PackageRunner] = {}
+        files: list[str] = []
+        inputs: list[dict[str, Any]] = []
+        for i, ex in enumerate(shape_examples(example, ctx.recipe)):
+            sig = signature(*ex)
+            if sig in runners:
+                continue
+            name = f"model{i}.pt2"
+            compile_package(model, ex, folder / name, aoti_options(options))
+            runner = PackageRunner(folder / name)
+            with torch.no_grad():
+                err = relative_error(model(*ex[0], **ex[1]), runner(*ex))
+            if err > MAX_REL_ERROR:
+                raise ValueError(
+                    f"the package's outputs differ from the module's (relative error {err:.3g})"
+                )
+            runners[sig] = runner
+            files.append(name)
+            inputs.append(signature_to_json(sig))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    ctx.state["artifact"] = {"kind": "aoti", "folder": folder, "files": files, "inputs": inputs}
+    summary = summarize_package(folder / files[0])
+    if len(files) > 1:
+        summary += f" ({len(files)} packages, one per bucket length)"
+    ctx.report.kernel_paths["<compiled>"] = summary
+    return AotiModule(runners, ctx.state.get("original", model))
+
+
+def load_aoti(
+    folder: Path, files: Sequence[str], inputs: Sequence[dict[str, Any]], fallback: nn.Module
+) -> AotiModule:
+    """Load stored packages (nothing is compiled) and serve them as :func:`to_aoti` did."""
+    runners = {
+        signature_from_json(sig): PackageRunner(folder / name) for name, sig in zip(files, inputs)
+    }
+    return AotiModule(runners, fallback)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+_KERNEL_NAMES = (  # (part of a C shim's name, what it is), first match wins
+    ("qlinear_pointwise", "oneDNN int8 linear"),
+    ("qconv", "oneDNN int8 conv"),
+    ("mkl_linear", "MKL fp32 linear"),
+    ("linear_pointwise", "oneDNN fused linear"),
+    ("convolution_pointwise", "oneDNN fused conv"),
+)
+_SHIM = re.compile(r"AOTI_TORCH_ERROR_CODE_CHECK\(aoti_torch_(?:cpu|cuda|xpu|mps)_(\w+)\(")
+
+
+def package_code(path: str | Path) -> tuple[str, str]:
+    """The generated wrapper (C++) and kernel code inside a package."""
+    wrapper, kernels = [], []
+    with zipfile.ZipFile(path) as z:
+        for name in z.namelist():
+            if name.endswith("wrapper.cpp"):
+                wrapper.append(z.read(name).decode(errors="replace"))
+            elif name.endswith(("kernel.cpp", ".ptx", ".cubin.py")) or "triton" in name:
+                kernels.append(z.read(name).decode(errors="replace"))
+    return "\n".join(wrapper), "\n".join(kernels)
+
+
+def summarize_package(path: str | Path) -> str:
+    """``oneDNN int8 linear x36, aten._scaled_dot_product_flash_attention_for_cpu x6, 21
+    generated fused kernels``: which library kernels the package's wrapper calls."""
+    wrapper, kernels = package_code(path)
+    calls: Counter[str] = Counter()
+    for m in _SHIM.finditer(wrapper):
+        op = m.group(1)
+        calls[next((label for part, label in _KERNEL_NAMES if part in op), f"aten.{op}")] += 1
+    proxied = wrapper.count("proxy_executor->call_function")
+    parts = [f"{k} x{v}" for k, v in calls.most_common()]
+    if proxied:
+        parts.append(f"{proxied} ops through the proxy executor")
+    generated = len(set(re.findall(r"\b(?:cpp_fused|triton)_\w+", kernels + wrapper)))
+    if generated:
+        parts.append(f"{generated} generated fused kernels")
+    return "AOTInductor package: " + (", ".join(parts) or "no kernels found in the generated code")
