@@ -61,6 +61,10 @@ class Variant(Base):
     recipe: Mapped[dict] = mapped_column(JSON)
     label: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[float] = mapped_column(Float)
+    artifact: Mapped[str | None] = mapped_column(String(64))
+    """Digest of the compiled artifact a search worker built for this recipe (an AOTInductor
+    package or an ONNX model in the shared artifact folder): serving processes load it
+    instead of compiling. None: nothing was built outside a serving process."""
 
 
 class Policy(Base):
@@ -234,10 +238,44 @@ class Deployment(Base):
     warm_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    """The replica (serving process) that claimed the deployment and drives it through build,
+    verification and canary; the others follow it once it is active."""
 
     transitions: Mapped[list[Transition]] = relationship(
         back_populates="deployment", order_by="Transition.id", cascade="all, delete-orphan"
     )
+
+
+class Replica(Base):
+    """One serving process of a model (a worker of ``uvicorn --workers N``, a host of a
+    fleet): what it serves and how fast, refreshed every few seconds while it lives."""
+
+    __tablename__ = "pgc_replicas"
+    __table_args__ = (Index("ix_pgc_replicas_model_seen", "model_id", "seen_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("pgc_models.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    seen_at: Mapped[float] = mapped_column(Float)
+    stopped_at: Mapped[float | None] = mapped_column(Float)
+    variant_id: Mapped[int | None] = mapped_column(ForeignKey("pgc_variants.id"))
+    deployment_id: Mapped[int | None] = mapped_column(Integer)
+    """The deployment whose variant it serves (the active one, once it follows it)."""
+    state: Mapped[str] = mapped_column(String(20))
+    """``starting``, ``serving``, ``loading`` (following a new active deployment),
+    ``deploying`` (it owns a deployment in flight) or ``stopped``."""
+    message: Mapped[str | None] = mapped_column(Text)
+    calls: Mapped[int] = mapped_column(BigInteger, default=0)
+    live_ms: Mapped[float | None] = mapped_column(Float)
+    """Trimmed mean of its recent live latency on what it serves."""
+    compiles: Mapped[int] = mapped_column(Integer, default=0)
+    """Variants this process compiled itself (0 when every one came as an artifact)."""
+    loads: Mapped[int] = mapped_column(Integer, default=0)
+    """Artifacts it loaded."""
 
 
 class Transition(Base):

@@ -140,6 +140,13 @@ def active_deployment(s: Session, model_id: int) -> Deployment | None:
     return s.scalars(q.order_by(Deployment.id.desc())).first()
 
 
+def begin_write(s: Session) -> None:
+    """Take SQLite's write lock for the rest of the transaction before its first read (a
+    no-op on PostgreSQL, where :func:`lock_model` locks the row): for decisions about a model
+    that may not exist yet."""
+    begin_immediate(s)
+
+
 def lock_model(s: Session, model_id: int) -> Model:
     """Take the per-model decision lock until the transaction ends: ``SELECT … FOR UPDATE``
     on PostgreSQL; on SQLite, whose ``FOR UPDATE`` is a no-op and whose driver begins

@@ -17,6 +17,7 @@ from store._schema import (
     HostStat,
     LayerStat,
     Model,
+    Replica,
     RequestStat,
     SearchRun,
     Trial,
@@ -112,6 +113,7 @@ def prune_history(
         ~exists().where(RequestStat.variant_id == v),
         ~exists().where(LayerStat.variant_id == v),
         ~exists().where(HostStat.variant_id == v),
+        ~exists().where(Replica.variant_id == v),
     ]
     q = delete(Variant).where(*unused)
     if protect_hashes:

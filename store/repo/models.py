@@ -80,6 +80,12 @@ def get_or_create_variant(
     return variant
 
 
+def set_variant_artifact(s: Session, variant_id: int, digest: str | None) -> None:
+    """Record the artifact a worker built for this variant (serving processes load it)."""
+    variant = get_variant(s, variant_id)
+    variant.artifact = digest
+
+
 def get_variant(s: Session, variant_id: int) -> Variant:
     variant = s.get(Variant, variant_id)
     if variant is None:
