@@ -181,6 +181,14 @@ function card(k, v, s, cls) {
   return el("div", { class: "card" }, el("div", { class: "k" }, k), el("div", { class: `v ${cls || ""}` }, v), el("div", { class: "s" }, s || ""));
 }
 
+// A search deploys each good enough trial while it goes on (not only its final choice).
+const WHILE_SEARCHING = "deployed while searching";
+
+function whileSearchingNote(s) {
+  const n = (s.deployed_while_searching || []).length;
+  return n ? ` · ${n} ${WHILE_SEARCHING}` : "";
+}
+
 function renderCards(m, front) {
   const lat = m.latency || {};
   const a = m.active;
@@ -190,7 +198,12 @@ function renderCards(m, front) {
   $("#model-name").textContent = m.name;
   $("#model-meta").textContent = [m.spec, m.hardware, m.metric && `metric: ${m.metric}`].filter(Boolean).join(" · ");
   $("#cards").replaceChildren(
-    card("serving", a ? a.label : "–", a ? `${a.source} · since ${fmtTime(a.since)}` : "no deployment yet", "long"),
+    card(
+      "serving",
+      a ? a.label : "–",
+      a ? `${a.source}${a.while_searching ? " · " + WHILE_SEARCHING : ""} · since ${fmtTime(a.since)}` : "no deployment yet",
+      "long"
+    ),
     card(
       "live p50 now",
       lat.current ? `${fmtMs(lat.current.p50_ms)} ms` : "–",
@@ -210,9 +223,19 @@ function renderCards(m, front) {
     card(
       "search",
       s ? `${s.trials_done}/${s.trials_budget} trials` : "–",
-      s ? `${s.state}${s.best_speedup ? ` · best ${fmtX(s.best_speedup)}` : ""}` : "no search yet"
-    )
+      s ? `${s.state}${s.best_speedup ? ` · best ${fmtX(s.best_speedup)}` : ""}${whileSearchingNote(s)}` : "no search yet"
+    ),
+    replicasCard(m.replicas)
   );
+}
+
+// Serving processes of the model (workers of a multi-process server, hosts of a fleet).
+function replicasCard(r) {
+  if (!r) return card("replicas", "–", "");
+  const note = r.live
+    ? `${r.on_active} on the active variant · ${r.compiles ? `${r.compiles} compiled here` : "none compiled: artifacts loaded"}`
+    : "no serving process heard from";
+  return card("replicas", String(r.live), note, r.live && r.on_active < r.live ? "warn" : "");
 }
 
 // ------------------------------------------------------------------ front
@@ -541,7 +564,7 @@ function renderTimeline(tl) {
         formatter: (p) => {
           const mk = p.data && p.data.marker;
           if (!mk) return esc(p.name || "");
-          return `<div class="tip"><b>${esc(MARKER_STYLE[mk.kind].text)}: ${esc(mk.label || "")}</b><br>${esc(fmtTime(mk.at))} · deployment ${esc(mk.deployment_id)} (${esc(mk.source)})<br>${esc(mk.reason || "")}</div>`;
+          return `<div class="tip"><b>${esc(MARKER_STYLE[mk.kind].text)}: ${esc(mk.label || "")}</b><br>${esc(fmtTime(mk.at))} · deployment ${esc(mk.deployment_id)} (${esc(mk.source)}${mk.while_searching ? ", " + esc(WHILE_SEARCHING) : ""})<br>${esc(mk.reason || "")}</div>`;
         },
       },
     },
@@ -598,7 +621,7 @@ function renderSearch(searches, trials) {
   }
   const s = searches[0];
   const pct = s.trials_budget ? Math.min(100, (100 * s.trials_done) / s.trials_budget) : 0;
-  box.append(
+  const parts = [
     el("div", { class: "search-line" }, el("span", {}, badge(s.state), ` search ${s.run_id}`), el("span", {}, `${s.trials_done} / ${s.trials_budget} trials`)),
     el("div", { class: "progress", role: "progressbar", "aria-valuenow": s.trials_done, "aria-valuemax": s.trials_budget }, el("div", { style: `width:${pct}%` })),
     el(
@@ -608,6 +631,14 @@ function renderSearch(searches, trials) {
       el("span", {}, `fidelity ${fmtF(s.best_fidelity)}`)
     ),
     el("p", { class: "search-msg" }, s.message || s.trigger),
+    (s.deployed_while_searching || []).length
+      ? el(
+          "p",
+          { class: "note while-searching" },
+          el("span", { class: "badge searching" }, WHILE_SEARCHING),
+          ` deployment${s.deployed_while_searching.length > 1 ? "s" : ""} ${s.deployed_while_searching.join(", ")} (good trials go out before the search ends)`
+        )
+      : null,
     el(
       "p",
       { class: "note" },
@@ -615,8 +646,9 @@ function renderSearch(searches, trials) {
       s.finished_at ? ` · took ${Math.round(s.finished_at - s.started_at)} s` : ` · running for ${Math.round(Date.now() / 1000 - s.started_at)} s`,
       " · Optuna study ",
       el("code", {}, s.study_name)
-    )
-  );
+    ),
+  ];
+  box.append(...parts.filter(Boolean));
   if (trials && trials.length) {
     const rows = trials
       .slice(-6)
@@ -699,7 +731,13 @@ function renderDeployments(deps) {
         el("td", {}, d.id),
         el("td", {}, fmtTime(d.created_at)),
         el("td", {}, d.label || "–"),
-        el("td", {}, d.source),
+        el(
+          "td",
+          {},
+          d.while_searching
+            ? [d.source, " ", el("span", { class: "badge searching", title: `proposed by search run ${d.search_run_id} before it ended` }, WHILE_SEARCHING)]
+            : d.source
+        ),
         el("td", {}, badge(d.state)),
         el("td", { class: "num" }, fmtX(d.expected_speedup)),
         el("td", { class: "num" }, fmtX(d.live_speedup)),

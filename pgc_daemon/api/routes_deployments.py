@@ -19,14 +19,20 @@ from pgc_daemon.api.schemas import (
     RollbackRequest,
 )
 from pgc_daemon.services.deployments import request_cancel, request_deploy, request_rollback
+from pgc_daemon.services.queries import RECENT, while_searching
 
 router = APIRouter(prefix="/api/models", tags=["deployments"], responses=RESPONSES_503)
 
 DeploymentId = Annotated[int, Path(ge=1, le=MAX_ID, description="a deployment of this model")]
 
 
-def deployment_public(d: st.Deployment, variants: dict[int, st.Variant]) -> dict[str, Any]:
+def deployment_public(
+    d: st.Deployment, variants: dict[int, st.Variant], searching: dict[int, int] | None = None
+) -> dict[str, Any]:
+    """``searching``: deployment id -> the run that proposed it while still searching
+    (:func:`~pgc_daemon.services.queries.while_searching`)."""
     v = variants.get(d.variant_id) if d.variant_id else None
+    run_id = (searching or {}).get(d.id)
     return {
         "id": d.id,
         "variant_id": d.variant_id,
@@ -48,6 +54,8 @@ def deployment_public(d: st.Deployment, variants: dict[int, st.Variant]) -> dict
             {"from_state": t.from_state, "to_state": t.to_state, "reason": t.reason, "at": t.at}
             for t in d.transitions
         ],
+        "while_searching": run_id is not None,
+        "search_run_id": run_id,
     }
 
 
@@ -61,12 +69,15 @@ def list_deployments(name: str, store: StoreDep) -> list[dict[str, Any]]:
     with store.session() as s:
         model = model_or_404(s, name)
         variants = {v.id: v for v in st.repo.list_variants(s, model.id)}
-        return [deployment_public(d, variants) for d in st.repo.list_deployments(s, model.id)]
+        deps = st.repo.list_deployments(s, model.id)
+        searching = while_searching(deps, st.repo.list_search_runs(s, model.id, limit=1000))
+        return [deployment_public(d, variants, searching) for d in deps]
 
 
 def _public(s: Session, dep: st.Deployment) -> dict[str, Any]:
     variants = {v.id: v for v in st.repo.list_variants(s, dep.model_id)}
-    return deployment_public(dep, variants)
+    runs = st.repo.list_search_runs(s, dep.model_id, limit=RECENT)
+    return deployment_public(dep, variants, while_searching([dep], runs))
 
 
 @router.post(

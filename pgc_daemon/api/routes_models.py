@@ -18,10 +18,11 @@ from pgc_daemon.api.schemas import (
     PolicyPublic,
     PolicyUpdate,
     ProfilePublic,
+    ReplicaPublic,
     TimelinePublic,
 )
 from pgc_daemon.policy import load_policy
-from pgc_daemon.services.queries import model_summary, profile_summary
+from pgc_daemon.services.queries import model_summary, profile_summary, replicas
 from pgc_daemon.services.timeline import timeline_summary
 
 router = APIRouter(prefix="/api/models", tags=["models"], responses=RESPONSES_503)
@@ -34,7 +35,7 @@ Since = Annotated[
 #: Operations on one model, reachable from the list (OpenAPI links: clients and fuzzers
 #: learn where real model names come from).
 PER_MODEL_OPERATIONS = (
-    "get_model", "get_policy", "put_policy", "get_profile", "get_timeline", "get_events",
+    "get_model", "get_policy", "put_policy", "get_profile", "get_timeline", "get_events", "list_replicas",
     "list_trials", "get_front", "list_searches", "optimize", "list_deployments", "deploy",
     "rollback", "cancel",
 )
@@ -155,3 +156,14 @@ def get_events(
 ) -> list[st.Event]:
     with store.session() as s:
         return list(st.repo.list_events(s, model_or_404(s, name).id, limit=limit))
+
+
+@router.get(
+    "/{name}/replicas",
+    response_model=list[ReplicaPublic],
+    responses=RESPONSES_404,
+    summary="The model's serving processes: what each serves, how fast, what it compiled",
+)
+def list_replicas(name: str, store: StoreDep) -> list[dict[str, Any]]:
+    with store.session() as s:
+        return replicas(s, model_or_404(s, name))

@@ -62,7 +62,8 @@ def get_front(name: str, store: StoreDep) -> dict[str, Any]:
 def list_searches(name: str, store: StoreDep) -> list[dict[str, Any]]:
     with store.session() as s:
         model = model_or_404(s, name)
-        return [search_summary(r) for r in st.repo.list_search_runs(s, model.id)]
+        deps = st.repo.list_deployments(s, model.id)
+        return [search_summary(r, deps) for r in st.repo.list_search_runs(s, model.id)]
 
 
 @router.post(

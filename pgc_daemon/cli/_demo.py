@@ -23,7 +23,8 @@ from pgc_daemon.agent import attach
 from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.policy import Policy
 from pgc_daemon.settings import Settings
-from pgc_daemon.services.queries import model_summary, profile_summary
+from pgc_daemon.services.deployments import WHILE_SEARCHING
+from pgc_daemon.services.queries import baseline_variant, model_summary, profile_summary
 
 log = logging.getLogger("pgc.demo")
 
@@ -89,33 +90,50 @@ class Traffic:
             t.join(timeout=10)
 
 
-def _phase(s: Any, model: st.Model, served: Any) -> tuple[str, bool, bool]:
-    """(progress line, deployed?, finished without deploying?)"""
+@dataclass(frozen=True)
+class Phase:
+    """Where the demo's model is, read from the store once a second."""
+
+    line: str
+    serving: bool
+    """A variant other than the fp32 module is active (the search may still go on)."""
+    settled: bool = False
+    """Nothing more is coming: the search is over and no deployment is open."""
+    kept: bool = False
+    """The search is over and the fp32 module stays (nothing deployed, nothing coming)."""
+
+
+def _phase(s: Any, model: st.Model, served: Any) -> Phase:
     summary = model_summary(s, model)
     search = summary["search"]
     active = summary["active"]
+    serving = active is not None and not active["is_baseline"]
+    searching = search is not None and search["state"] in ("queued", "running")
+    progress = ""
+    if searching:
+        best = f", best {search['best_speedup']:.2f}x" if search["best_speedup"] else ""
+        progress = f"searching: {search['trials_done']}/{search['trials_budget']} trials{best}"
     deps = st.repo.list_deployments(s, model.id, limit=5)
     inflight = next((d for d in deps if d.state in states.OPEN), None)
     if inflight is not None:
-        return f"deploying: {inflight.state} ({inflight.reason})", False, False
-    if active is not None and not active["is_baseline"]:
-        return f"serving {active['label']}", True, False
+        line = f"deploying: {inflight.state} ({inflight.reason})"
+        return Phase(f"{line} · {progress}" if progress else line, serving)
+    if serving and searching:
+        return Phase(f"serving {active['label']} ({WHILE_SEARCHING}) · {progress}", True)
     if search is None:
-        return f"profiling live traffic: {served.calls} calls, {len(served.reservoir)} inputs captured", False, False
-    if search["state"] in ("queued", "running"):
-        best = f", best {search['best_speedup']:.2f}x" if search["best_speedup"] else ""
-        return (
-            f"searching: {search['trials_done']}/{search['trials_budget']} trials{best} "
-            f"({search['message'] or 'starting'})",
-            False,
-            False,
-        )
+        captured = len(served.reservoir)
+        line = f"profiling live traffic: {served.calls} calls, {captured} inputs captured"
+        return Phase(line, serving)
+    if searching:
+        return Phase(f"{progress} ({search['message'] or 'starting'})", serving)
+    if serving:
+        return Phase(f"serving {active['label']}", True, settled=True)
     if search["state"] in ("infeasible", "failed", "cancelled"):
-        return f"search {search['state']}: {search['message']}", False, True
+        return Phase(f"search {search['state']}: {search['message']}", False, kept=True)
     recent_kept = st.repo.list_events(s, model.id, kind="kept", limit=1)
     if recent_kept and recent_kept[0].at >= (search["finished_at"] or 0):
-        return recent_kept[0].message, False, True
-    return "search done; waiting for the deployment", False, False
+        return Phase(recent_kept[0].message, False, kept=True)
+    return Phase("search done; waiting for the deployment", False)
 
 
 def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
@@ -132,6 +150,7 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
     model = minilm.load_model()
     policy = Policy(max_accuracy_drop=options.max_drop, max_trials=options.trials, canary_s=15.0)
     served = attach(model, name=MODEL_NAME, spec=SPEC, store=store, settings=settings, policy=policy)
+    attached_at = time.time()
     with store.session() as s:
         try:
             row = st.repo.get_model(s, MODEL_NAME)
@@ -146,9 +165,10 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
     daemon.start()
     traffic = Traffic(served, options.rate, options.clients)
     traffic.start()
-    deployed_at = None
+    settled_at = None
     line = "starting"
     outcome = "timeout"
+    phase = Phase(line, False)
     try:
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -159,28 +179,35 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
             while True:
                 time.sleep(1.0)
                 if deadline is not None and time.monotonic() > deadline:
+                    if phase.serving:  # deployed, though the search may still go on
+                        outcome = "deployed"
                     break
                 if served.model_id is None:
                     continue
                 with store.session() as s:
                     row = s.get(st.Model, served.model_id)
-                    line, deployed, finished = _phase(s, row, served)
+                    phase = _phase(s, row, served)
+                line = phase.line
                 progress.update(task, description=line)
                 if not console.is_terminal and line != last_printed:
                     console.print(f"[{time.monotonic() - started:5.0f}s] {line}")
                     last_printed = line
-                if deployed and deployed_at is None:
-                    deployed_at = time.monotonic()
-                if deployed_at is not None and time.monotonic() - deployed_at >= SETTLE_S:
+                # done once the search is over and its last deployment has served a while
+                if not (phase.serving and phase.settled):
+                    settled_at = None
+                elif settled_at is None:
+                    settled_at = time.monotonic()
+                elif time.monotonic() - settled_at >= SETTLE_S:
                     outcome = "deployed"
                     break
-                if finished:
+                if phase.kept:
                     outcome = "kept"
                     break
         served.flush()
         with store.session() as s:
             row = s.get(st.Model, served.model_id) if served.model_id else None
-            report = _report(s, row, served, traffic, outcome, time.monotonic() - started, url)
+            elapsed = time.monotonic() - started
+            report = _report(s, row, served, traffic, outcome, elapsed, url, attached_at)
         _print_report(console, report)
         if options.json:
             print(json.dumps(report), flush=True)
@@ -228,11 +255,52 @@ def _start_api(settings: Settings, store: st.Store, daemon: Daemon) -> tuple[Any
     return server, f"http://{settings.host}:{port}/"
 
 
+def first_active(s: Any, model_id: int, since: float) -> tuple[float, str] | None:
+    """When the first deployment of a variant other than the fp32 module reached ``active``
+    after ``since`` (UTC seconds), and its label."""
+    base = baseline_variant(s, model_id)
+    variants = {v.id: v for v in st.repo.list_variants(s, model_id)}
+    times = [
+        (t.at, d.variant_id)
+        for d in st.repo.list_deployments(s, model_id, limit=1000)
+        if d.variant_id is not None and (base is None or d.variant_id != base.id)
+        for t in d.transitions
+        if t.to_state == states.D.ACTIVE and t.at >= since
+    ]
+    if not times:
+        return None
+    at, variant_id = min(times)
+    v = variants.get(variant_id)
+    return at, v.label if v else str(variant_id)
+
+
+def search_best(s: Any, model_id: int) -> float | None:
+    """The best speedup of a feasible trial in the latest search's study (every run of it)."""
+    runs = st.repo.list_search_runs(s, model_id)
+    if not runs:
+        return None
+    same = {r.id for r in runs if r.study_name == runs[0].study_name}
+    speeds = [
+        t.speedup
+        for t in st.repo.list_trials(s, model_id)
+        if t.run_id in same and t.feasible and t.state == "complete" and t.speedup is not None
+    ]
+    return max(speeds, default=None)
+
+
 def _report(
-    s: Any, model: st.Model | None, served: Any, traffic: Traffic, outcome: str, elapsed: float, url: str | None
+    s: Any,
+    model: st.Model | None,
+    served: Any,
+    traffic: Traffic,
+    outcome: str,
+    elapsed: float,
+    url: str | None,
+    attached_at: float | None = None,
 ) -> dict[str, Any]:
     if model is None:
         return {"outcome": "not registered", "elapsed_s": elapsed}
+    first = first_active(s, model.id, attached_at or 0.0)
     summary = model_summary(s, model)
     lat = summary["latency"]
     active = summary["active"] or {}
@@ -254,6 +322,10 @@ def _report(
         "deployed_p50_ms": cur.get("p50_ms") if deployed else None,
         "deployed_p95_ms": cur.get("p95_ms") if deployed else None,
         "speedup": lat["speedup"] if deployed else None,
+        "first_active_s": round(first[0] - attached_at, 1) if first and attached_at else None,
+        "first_active_label": first[1] if first else None,
+        "search_best_speedup": search_best(s, model.id),
+        "deployed_while_searching": active.get("while_searching", False) if deployed else None,
         "search_speedup": active.get("expected_speedup") if deployed else None,
         "canary_speedup": active.get("live_speedup") if deployed else None,
         "fidelity": active.get("expected_fidelity") if deployed else None,
@@ -294,6 +366,17 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
         f"canary {_fmt(r.get('canary_speedup'))}x · {r.get('metric')} fidelity "
         f"{_fmt(r.get('fidelity'), '.4f')} (live {_fmt(r.get('live_fidelity'), '.4f')}) · "
         f"{r.get('trials')} trials · {r.get('requests')} requests, {r.get('failed_requests')} failed"
+    )
+    first = (
+        f"first active deployment {r['first_active_s']:.0f} s after attach "
+        f"({r.get('first_active_label')})"
+        if r.get("first_active_s") is not None
+        else "no deployment active yet"
+    )
+    console.print(
+        f"{first} · best in search {_fmt(r.get('search_best_speedup'))}x · "
+        f"live now {_fmt(r.get('speedup'))}x"
+        + (f" · {WHILE_SEARCHING}" if r.get("deployed_while_searching") else "")
     )
     if r.get("search_message"):
         console.print(f"search: {r['search_message']}")

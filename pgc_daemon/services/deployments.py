@@ -1,8 +1,9 @@
 """The one way to create or cancel a deployment: a search proposing its result
-(:func:`propose`), an operator deploying a variant, rolling back or cancelling (the REST API
-and the CLI). Every deployment is created by :func:`_create`, under the model's lock, and only
-while no other deployment of that model is open; the agent serving the model then builds,
-verifies, canaries and swaps it.
+(:func:`propose`) or, while it goes on, a trial good enough (:func:`propose_while_searching`),
+an operator deploying a variant, rolling back or cancelling (the REST API and the CLI).
+Every deployment is created by :func:`_create`, under the model's lock, and only while no
+other deployment of that model is open; the agent serving the model then builds, verifies,
+canaries and swaps it.
 
 Contract: these functions take the caller's session and neither commit nor roll back; the
 caller's ``store.session()`` does. They raise :class:`Conflict` (HTTP 409) when the request
@@ -159,6 +160,88 @@ class Proposal:
     speedup: float | None
     fidelity: float | None
     message: str
+    artifact: str | None = None
+    """Digest of the compiled artifact the search saved for this recipe (recorded on the
+    variant, so the serving process loads it instead of compiling); None: none saved."""
+    trial: int | None = None
+    """Set when the search proposes while it goes on: which of its trials this was (1-based,
+    in the order they were evaluated). None: the run's final choice."""
+    trials: int | None = None
+    """The run's trial budget (with ``trial``)."""
+
+    @property
+    def while_searching(self) -> bool:
+        return self.trial is not None
+
+    def reason(self, run_id: int | None) -> str:
+        """The deployment's reason: which run, whether it was still searching, what it found."""
+        text = self.message
+        if self.while_searching:
+            text = f"{WHILE_SEARCHING} (trial {self.trial} of {self.trials}): {text}"
+        return f"search run {run_id}: {text}" if run_id else text
+
+
+#: What the reason of a deployment a search proposed while it went on says.
+WHILE_SEARCHING = "deployed while searching"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What a model serves and what is on its way, as a search's result is judged against."""
+
+    serving_speedup: float
+    """What the active variant was measured at against fp32 eager (1.0 for the base)."""
+    serving_variant_id: int | None
+    busy_id: int | None = None
+    """The open deployment, if any (at most one exists)."""
+    busy_state: str | None = None
+    busy_variant_id: int | None = None
+    busy_speedup: float | None = None
+    """What the open deployment's variant was measured at (as :func:`measured_speedup`)."""
+    busy_updated_at: float | None = None
+
+    @property
+    def best(self) -> float:
+        """The speedup to beat: the better of what serves and what is being deployed."""
+        return max(self.serving_speedup, self.busy_speedup or 0.0)
+
+
+def standing(s: Session, model_id: int) -> Standing:
+    active = st.repo.active_deployment(s, model_id)
+    busy = busy_deployment(s, model_id)
+    return Standing(
+        serving_speedup=measured_speedup(s, model_id, active),
+        serving_variant_id=active.variant_id if active is not None else None,
+        busy_id=busy.id if busy is not None else None,
+        busy_state=str(busy.state) if busy is not None else None,
+        busy_variant_id=busy.variant_id if busy is not None else None,
+        busy_speedup=measured_speedup(s, model_id, busy) if busy is not None else None,
+        busy_updated_at=busy.updated_at if busy is not None else None,
+    )
+
+
+def not_faster(speedup: float | None, now: Standing, min_speedup: float) -> str | None:
+    """Why a variant measured at ``speedup`` should not replace what serves or is being
+    deployed (None: it should): it must be faster than the better of them, by at least
+    ``min_speedup`` times."""
+    best = now.best
+    if speedup is not None and speedup > best and speedup >= best * min_speedup:
+        return None
+    deploying = (now.busy_speedup or 0.0) > now.serving_speedup
+    what = "what is being deployed" if deploying else "what serves"
+    return f"{speedup or 0:.2f}x is not {min_speedup:.2f}x faster than {what} ({best:.2f}x)"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What came of :func:`propose_while_searching`."""
+
+    deployment_id: int | None
+    """The deployment created, if one was."""
+    waiting: bool = False
+    """Refused only because another deployment is open: worth offering again when it ends."""
+    reason: str | None = None
+    """Why none was created."""
 
 
 def measured_speedup(s: Session, model_id: int, deployment: st.Deployment | None) -> float:
@@ -206,20 +289,61 @@ def propose(
     None with the reason recorded as an event."""
     with store.session() as s:
         st.repo.lock_model(s, model_id)  # the decision and the creation see one state
-        variant = st.repo.get_or_create_variant(
-            s, model_id, chosen.recipe_hash, chosen.recipe, chosen.label
-        )
+        variant = _variant(s, model_id, chosen)
         reason = _why_not(s, model_id, variant, chosen, policy)
         if reason is not None:
             st.repo.add_event(s, model_id, "kept", f"kept the current module: {reason}")
             return None
-        dep = _create(
-            s,
-            model_id,
-            variant.id,
-            source=Source.SEARCH,
-            reason=f"search run {run_id}: {chosen.message}" if run_id else chosen.message,
-            expected_speedup=chosen.speedup,
-            expected_fidelity=chosen.fidelity,
-        )
-        return dep.id
+        return _create_for(s, model_id, variant, chosen, run_id).id
+
+
+def propose_while_searching(
+    store: st.Store, model_id: int, chosen: Proposal, policy: Policy, *, run_id: int | None = None
+) -> Offer:
+    """Create a candidate deployment for a trial of a search that goes on, when the policy
+    deploys automatically and the trial is ``min_speedup`` faster than the better of what
+    serves and what is being deployed. Only one deployment is open at a time: while another
+    is, the answer says ``waiting`` (offer it again when that one ends). Nothing is recorded
+    as an event when nothing is created: the search offers every good trial, and its final
+    choice goes through :func:`propose`."""
+    if not policy.auto_deploy:
+        return Offer(None, reason="auto_deploy is off")
+    with store.session() as s:
+        st.repo.lock_model(s, model_id)
+        variant = _variant(s, model_id, chosen)
+        now = standing(s, model_id)
+        if now.serving_variant_id == variant.id:
+            return Offer(None, reason=f"{chosen.label} is already serving")
+        if now.busy_variant_id == variant.id:
+            being = f"{chosen.label} is being deployed (deployment {now.busy_id})"
+            return Offer(None, reason=being)
+        why = not_faster(chosen.speedup, now, policy.min_speedup)
+        if why is not None:
+            return Offer(None, reason=f"{chosen.label}: {why}")
+        if now.busy_id is not None:
+            busy = f"deployment {now.busy_id} is still {now.busy_state}"
+            return Offer(None, waiting=True, reason=busy)
+        return Offer(_create_for(s, model_id, variant, chosen, run_id).id)
+
+
+def _variant(s: Session, model_id: int, chosen: Proposal) -> st.Variant:
+    variant = st.repo.get_or_create_variant(
+        s, model_id, chosen.recipe_hash, chosen.recipe, chosen.label
+    )
+    if chosen.artifact is not None and variant.artifact != chosen.artifact:
+        st.repo.set_variant_artifact(s, variant.id, chosen.artifact)
+    return variant
+
+
+def _create_for(
+    s: Session, model_id: int, variant: st.Variant, chosen: Proposal, run_id: int | None
+) -> st.Deployment:
+    return _create(
+        s,
+        model_id,
+        variant.id,
+        source=Source.SEARCH,
+        reason=chosen.reason(run_id),
+        expected_speedup=chosen.speedup,
+        expected_fidelity=chosen.fidelity,
+    )

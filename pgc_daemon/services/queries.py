@@ -8,13 +8,17 @@ it against that schema on the way out. The timeline lives in :mod:`.timeline`.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 import store as st
+from store import RUN_OPEN
 from compiler import Recipe
+from pgc_daemon import states
 from pgc_daemon.policy import load_policy
 from pgc_daemon.services.suggest import for_layer
 from pgc_daemon.states import D
@@ -26,6 +30,11 @@ TRIAL_COMPLETE = "complete"
 ONLINE_S = 120.0
 #: The states that end a deployment's build/warm/verify phase (see :func:`busy_intervals`).
 _BUILD_ENDS = frozenset({D.CANARY, D.ACTIVE, D.FAILED, D.ROLLED_BACK, D.CANCELLED})
+#: ``services.deployments.Source.SEARCH`` (that module imports this one).
+_SEARCH_SOURCE = "search"
+#: How many runs and deployments the read models look through to say which deployments were
+#: made while a search was still searching.
+RECENT = 50
 
 
 def baseline_variant(s: Session, model_id: int) -> st.Variant | None:
@@ -82,11 +91,37 @@ def latency_summary(s: Session, model: st.Model) -> dict[str, Any]:
     return out
 
 
-def active_summary(s: Session, model: st.Model) -> dict[str, Any] | None:
+def while_searching(
+    deployments: Sequence[st.Deployment], runs: Sequence[st.SearchRun]
+) -> dict[int, int]:
+    """Deployment id -> the search run that proposed it while that run was still searching
+    (a deployment of source ``search`` created after the run started and before it finished;
+    a run's final choice is proposed after its end is recorded)."""
+    spans = []
+    for r in runs:
+        if r.finished_at is not None:
+            spans.append((r.started_at, r.finished_at, r.id))
+        elif r.state in RUN_OPEN:
+            spans.append((r.started_at, math.inf, r.id))
+    out: dict[int, int] = {}
+    for d in deployments:
+        if d.source != _SEARCH_SOURCE:
+            continue
+        run_id = next((rid for start, end, rid in spans if start <= d.created_at < end), None)
+        if run_id is not None:
+            out[d.id] = run_id
+    return out
+
+
+def active_summary(
+    s: Session, model: st.Model, runs: Sequence[st.SearchRun] | None = None
+) -> dict[str, Any] | None:
     active = st.repo.active_deployment(s, model.id)
     if active is None or active.variant_id is None:
         return None
     variant = st.repo.get_variant(s, active.variant_id)
+    if runs is None:
+        runs = st.repo.list_search_runs(s, model.id, limit=RECENT)
     return {
         "deployment_id": active.id,
         "variant_id": variant.id,
@@ -100,12 +135,18 @@ def active_summary(s: Session, model: st.Model) -> dict[str, Any] | None:
         "live_speedup": active.live_speedup,
         "live_fidelity": active.live_fidelity,
         "is_baseline": variant.recipe_hash == BASELINE_HASH,
+        "while_searching": active.id in while_searching([active], runs),
     }
 
 
-def search_summary(run: st.SearchRun | None) -> dict[str, Any] | None:
+def search_summary(
+    run: st.SearchRun | None, deployments: Sequence[st.Deployment] = ()
+) -> dict[str, Any] | None:
+    """A run's progress (``SearchPublic``); ``deployments``: the model's recent ones, of which
+    those the run proposed while it was still searching are listed."""
     if run is None:
         return None
+    made = while_searching(deployments, [run])
     return {
         "run_id": run.id,
         "state": run.state,
@@ -118,13 +159,50 @@ def search_summary(run: st.SearchRun | None) -> dict[str, Any] | None:
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "study_name": run.study_name,
+        "deployed_while_searching": sorted(made),
+    }
+
+
+def replicas(s: Session, model: st.Model) -> list[dict[str, Any]]:
+    """The model's serving processes, newest first: what each serves and how fast."""
+    now = time.time()
+    labels = {v.id: v.label for v in st.repo.list_variants(s, model.id)}
+    return [
+        {
+            "name": r.name,
+            "host": r.host,
+            "pid": r.pid,
+            "alive": r.stopped_at is None and now - r.seen_at < states.STALE_AFTER_S,
+            "state": r.state,
+            "serving": labels.get(r.variant_id) if r.variant_id is not None else None,
+            "variant_id": r.variant_id,
+            "deployment_id": r.deployment_id,
+            "calls": r.calls,
+            "live_ms": r.live_ms,
+            "compiles": r.compiles,
+            "loads": r.loads,
+            "message": r.message,
+            "started_at": r.started_at,
+            "seen_at": r.seen_at,
+        }
+        for r in st.repo.list_replicas(s, model.id, limit=50)
+    ]
+
+
+def replica_counts(s: Session, model: st.Model, active_variant_id: int | None) -> dict[str, int]:
+    live = st.repo.live_replicas(s, model.id, states.STALE_AFTER_S)
+    return {
+        "live": len(live),
+        "on_active": sum(1 for r in live if active_variant_id is not None and r.variant_id == active_variant_id),
+        "compiles": sum(r.compiles for r in live),
     }
 
 
 def model_summary(s: Session, model: st.Model) -> dict[str, Any]:
     policy_row = st.repo.get_policy(s, model.id)
     snapshot = load_policy(s, model.id)
-    runs = st.repo.list_search_runs(s, model.id, limit=1)
+    runs = st.repo.list_search_runs(s, model.id, limit=RECENT)
+    recent = st.repo.list_deployments(s, model.id, limit=RECENT) if runs else []
     return {
         "name": model.name,
         "spec": model.spec,
@@ -137,10 +215,16 @@ def model_summary(s: Session, model: st.Model) -> dict[str, Any]:
         # None, not the defaults, while no policy is stored (what the API has always said)
         "policy": snapshot.policy.model_dump() if policy_row else None,
         "policy_version": snapshot.version if policy_row else None,
-        "active": active_summary(s, model),
+        "active": active_summary(s, model, runs),
         "latency": latency_summary(s, model),
-        "search": search_summary(runs[0] if runs else None),
+        "search": search_summary(runs[0] if runs else None, recent),
+        "replicas": replica_counts(s, model, _active_variant_id(s, model.id)),
     }
+
+
+def _active_variant_id(s: Session, model_id: int) -> int | None:
+    dep = st.repo.active_deployment(s, model_id)
+    return dep.variant_id if dep is not None else None
 
 
 def profile_summary(

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 import store as st
 from pgc_daemon.policy import load_policy
 from pgc_daemon.services.deployments import Source
-from pgc_daemon.services.queries import BASELINE_HASH, busy_intervals
+from pgc_daemon.services.queries import BASELINE_HASH, busy_intervals, while_searching
 from pgc_daemon.states import D
 
 Outcome = Literal["deployed", "rolled_back", "failed"]
@@ -57,7 +57,9 @@ def _markers(
     s: Session, model_id: int, variants: dict[int, st.Variant], since: float, until: float
 ) -> list[dict[str, Any]]:
     markers = []
-    for d in st.repo.list_deployments(s, model_id, limit=1000):
+    deployments = st.repo.list_deployments(s, model_id, limit=1000)
+    searching = while_searching(deployments, st.repo.list_search_runs(s, model_id, limit=1000))
+    for d in deployments:
         v = variants.get(d.variant_id) if d.variant_id is not None else None
         for t in d.transitions:
             kind: str | None = _MARKERS.get(t.to_state)  # type: ignore[call-overload]
@@ -74,6 +76,7 @@ def _markers(
                     "label": v.label if v else None,
                     "source": d.source,
                     "reason": t.reason,
+                    "while_searching": d.id in searching,
                 }
             )
     return sorted(markers, key=lambda m: m["at"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import store as st
-from pgc_daemon import attach
+from pgc_daemon import attach, states
 from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.settings import Settings
 from tests.pgc_daemon_tests.helpers import Load, wait_for
@@ -55,13 +55,19 @@ def _active(store: st.Store, model_id: int, source: str, after: int = 0) -> st.D
         return dep if dep is not None and dep.source == source and dep.id > after else None
 
 
-def _search_outcome(store: st.Store, model_id: int) -> st.Deployment | int | None:
-    """The search's deployment once active; or, when the search kept the fp32 module (on a
-    loaded machine nothing may beat it), the variant id of its fastest feasible trial."""
+def _search_outcome(store: st.Store, model_id: int, daemon: Daemon) -> st.Deployment | int | None:
+    """The search's last deployment once active and the search is over (it deploys good
+    trials while it searches, then its final choice); or, when the search kept the fp32
+    module (on a loaded machine nothing may beat it), the variant id of its fastest feasible
+    trial."""
     with store.session() as s:
         runs = st.repo.list_search_runs(s, model_id)
         if runs and runs[0].state in ("failed", "infeasible", "cancelled"):
             raise AssertionError(f"search {runs[0].state}: {runs[0].message}")
+        if not runs or runs[0].state in ("queued", "running") or runs[0].id in daemon.workers:
+            return None
+        if any(d.state in states.OPEN for d in st.repo.list_deployments(s, model_id)):
+            return None
         dep = st.repo.active_deployment(s, model_id)
         if dep is not None and dep.source == "search":
             return dep
@@ -93,7 +99,7 @@ def produce(root: Path) -> RealData:
             daemon.start()
             wait_for(lambda: served.model_id, timeout=60, what="the agent to register")
             model_id = served.model_id
-            outcome = wait_for(lambda: _search_outcome(store, model_id), timeout=600, every=0.5,
+            outcome = wait_for(lambda: _search_outcome(store, model_id, daemon), timeout=600, every=0.5,
                                what="the search's decision")
             daemon.stop()  # the search is done; nothing else should load the machine
             app = create_app(settings, store=store)  # creates the work dir's token
@@ -149,7 +155,8 @@ def reuse(src: Path, dst: Path) -> RealData:
         with store.session() as s:
             model = st.repo.get_model(s, MODEL)
             run = st.repo.list_search_runs(s, model.id)[-1]
-            dep = next(d for d in reversed(st.repo.list_deployments(s, model.id)) if d.source in ("search", "manual"))
+            # the redeployment through the API (newest first): the variant deployed last
+            dep = next(d for d in st.repo.list_deployments(s, model.id) if d.source == "manual")
             variant_id, study = dep.variant_id, run.study_name
     finally:
         store.close()

@@ -131,6 +131,9 @@ def test_the_charts_draw_what_the_api_says(server: Served, page: Any, real_data:
     assert page.locator("#models-table tbody tr").count() == len(models)
     deployments = api(server, f"models/{m}/deployments")
     assert page.locator("#deployments-table tbody tr").count() == len(deployments)
+    # deployments a search made while it was still searching say so
+    searching = sum(d["while_searching"] for d in deployments)
+    assert page.locator("#deployments-table .badge.searching").count() == searching
     page.locator("#deployments-table tbody tr").first.click()
     assert "active" in page.inner_text("#deployments-table .transitions")
     searches = api(server, f"models/{m}/searches")

@@ -277,3 +277,25 @@ def test_model_list_and_metrics_are_computed_once_per_tick(populated: st.Store, 
     assert results == [200] * 8 and calls == 1  # one model, one computation for 8 callers
     time.sleep(1.1)
     assert c.get("/api/models").status_code == 200 and calls == 2
+
+
+def test_replicas_are_listed_with_what_they_serve(populated: st.Store) -> None:
+    with populated.session() as s:
+        m = st.repo.get_model(s, "mini")
+        fast = next(v for v in st.repo.list_variants(s, m.id) if v.recipe_hash == INT8.hash)
+        base = next(v for v in st.repo.list_variants(s, m.id) if v.recipe_hash == Recipe().hash)
+        st.repo.register_replica(s, m.id, "h:1:a", "h", 1)
+        st.repo.register_replica(s, m.id, "h:2:b", "h", 2)
+        st.repo.register_replica(s, m.id, "h:3:c", "h", 3)
+        st.repo.beat_replica(s, "h:1:a", state="serving", variant_id=fast.id, loads=1, live_ms=7.5)
+        st.repo.beat_replica(s, "h:2:b", state="serving", variant_id=base.id, compiles=1)
+        st.repo.stop_replica(s, "h:3:c")
+    c = client(populated)
+    rows = c.get("/api/models/mini/replicas").json()
+    assert [r["name"] for r in rows] == ["h:3:c", "h:2:b", "h:1:a"]
+    one = rows[2]
+    assert one["serving"] == INT8.label() and one["alive"] and one["loads"] == 1 and one["live_ms"] == 7.5
+    assert not rows[0]["alive"] and rows[0]["state"] == "stopped"
+    counts = c.get("/api/models/mini").json()["replicas"]
+    assert counts == {"live": 2, "on_active": 1, "compiles": 1}
+    assert c.get("/api/models/nope/replicas").status_code == 404

@@ -35,6 +35,14 @@ class DeploymentPublic(BaseModel):
     created_at: float
     updated_at: float
     transitions: list[TransitionPublic]
+    while_searching: bool = Field(
+        description="a search proposed it while it was still searching (a trial good enough "
+        "to deploy before the search ended); false for a search's final choice and for every "
+        "other source"
+    )
+    search_run_id: int | None = Field(
+        description="the search run that proposed it while searching (null otherwise)"
+    )
 
 
 def _exactly_one_target(schema: dict[str, Any]) -> None:

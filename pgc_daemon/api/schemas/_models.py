@@ -43,6 +43,9 @@ class ActivePublic(BaseModel):
     live_speedup: float | None
     live_fidelity: float | None
     is_baseline: bool
+    while_searching: bool = Field(
+        description="a search deployed it while it was still searching, not as its final choice"
+    )
 
 
 class SearchPublic(BaseModel):
@@ -60,6 +63,36 @@ class SearchPublic(BaseModel):
     started_at: float
     finished_at: float | None
     study_name: str = Field(description="the Optuna study (open it with optuna-dashboard)")
+    deployed_while_searching: list[int] = Field(
+        description="deployments this run proposed while it was still searching (each trial "
+        "good enough goes out at once; the final choice follows the end of the run)"
+    )
+
+
+class ReplicaCounts(BaseModel):
+    live: int = Field(description="serving processes heard from in the last minute")
+    on_active: int = Field(description="of them, serving the active deployment's variant")
+    compiles: int = Field(description="variants the live replicas compiled themselves (0: all loaded)")
+
+
+class ReplicaPublic(BaseModel):
+    """One serving process of the model (a worker of a multi-process server, a host)."""
+
+    name: str = Field(description="host:pid:random")
+    host: str
+    pid: int
+    alive: bool
+    state: str = Field(description="starting, serving, loading, deploying or stopped")
+    serving: str | None = Field(description="label of the variant it serves")
+    variant_id: int | None
+    deployment_id: int | None
+    calls: int
+    live_ms: float | None = Field(description="trimmed mean of its recent live latency")
+    compiles: int
+    loads: int = Field(description="artifacts it loaded (variants built by a search worker)")
+    message: str | None
+    started_at: float
+    seen_at: float
 
 
 class ModelPublic(BaseModel):
@@ -76,6 +109,7 @@ class ModelPublic(BaseModel):
     active: ActivePublic | None
     latency: LatencyPublic
     search: SearchPublic | None
+    replicas: ReplicaCounts
 
 
 class LayerPublic(BaseModel):
@@ -139,6 +173,7 @@ class TimelineMarker(BaseModel):
     label: str | None
     source: str
     reason: str | None
+    while_searching: bool = Field(description="a search deployed it while still searching")
 
 
 class Interval(BaseModel):

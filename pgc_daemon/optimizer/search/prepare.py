@@ -11,7 +11,7 @@ from torch import nn
 from compiler import CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.evaluate import Evaluator
-from pgc_daemon.optimizer.search.space import Space, build_space, choices_for, time_candidates
+from pgc_daemon.optimizer.search.space import SAFE, Space, build_space, choices_for, time_candidates
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
 from profiler import profile_model, shape_key
 
@@ -92,9 +92,15 @@ def make_search(
     cache: CompileCache | None = None,
     seed: int = 0,
     policy_version: int | None = None,
+    early: bool = False,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
-    baselines (and warm-start recipes) enqueued first."""
+    baselines (and warm-start recipes) enqueued first.
+
+    ``early``: sensitivity is not measured yet. The search gets a space shaped by the profile
+    alone and nothing is enqueued; the caller evaluates :func:`first_trials` with
+    :meth:`Search.run_first`, measures sensitivity, then gives the search its final space with
+    :func:`settle`."""
     n = min(len(inputs), ACCURACY_INPUTS)
     evaluator = Evaluator(
         base,
@@ -103,14 +109,8 @@ def make_search(
         accuracy=accuracy,
         labels=list(labels[:n]) if labels is not None else None,
     )
-    space = space or build_space(
-        base,
-        profile,
-        probe(),
-        max_hot=MAX_HOT,
-        sensitivity=sensitivity,
-        max_drop=policy.max_accuracy_drop,
-        shapes=histogram,
+    space = space or shape_space(
+        base, profile, policy, sensitivity=None if early else sensitivity, histogram=histogram
     )
     search = Search(
         base=base,
@@ -128,10 +128,66 @@ def make_search(
         cache=cache,
         policy_version=policy_version,
     )
+    if not early:
+        settle(search, space, policy=policy, sensitivity=sensitivity, warm_start=warm_start)
+    return search
+
+
+def shape_space(
+    base: nn.Module,
+    profile: Sequence[dict[str, Any]],
+    policy: Policy,
+    *,
+    sensitivity: SensitivityReport | None,
+    histogram: dict[str, int] | None = None,
+) -> Space:
+    """The space of a search on this machine: hot layers from the live ``profile`` (the most
+    sensitive of them, with ``sensitivity``), choices pruned by ``sensitivity``."""
+    return build_space(
+        base,
+        profile,
+        probe(),
+        max_hot=MAX_HOT,
+        sensitivity=sensitivity,
+        max_drop=policy.max_accuracy_drop,
+        shapes=histogram,
+    )
+
+
+def settle(
+    search: Search,
+    space: Space,
+    *,
+    policy: Policy,
+    sensitivity: SensitivityReport | None,
+    warm_start: Sequence[Recipe] = (),
+) -> None:
+    """Give ``search`` its final ``space`` (the trials it evaluated early get its parameters:
+    :meth:`Search.set_space`) and enqueue the warm-start recipes and the baselines it can say
+    (a recipe the study already evaluated is not evaluated again)."""
+    search.set_space(space)
+    space = search.space
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
     sensitive = _most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop)
     search.enqueue(queued + space.baselines(sensitive))
-    return search
+
+
+def first_trials(
+    space: Space, warm_start: Sequence[Recipe] = ()
+) -> list[tuple[dict[str, Any], Recipe]]:
+    """What a search evaluates before per-layer sensitivity is measured, in order: the
+    warm-start recipes (what earlier studies of the model chose), then the baselines, every
+    layer int8 first (the likeliest large gains, so a first deployment need not wait) and fp32
+    compiled last. Each with the parameters its trial is recorded with."""
+    out: list[tuple[dict[str, Any], Recipe]] = []
+    for recipe in warm_start:
+        out.append((space.params_for(recipe) or {"recipe": recipe.label()}, recipe))
+    baselines = sorted(space.baselines(), key=lambda p: p["default"] == SAFE)
+    out += [(p, space.recipe(p)) for p in baselines]
+    unique: dict[str, tuple[dict[str, Any], Recipe]] = {}
+    for params, recipe in out:
+        unique.setdefault(recipe.hash, (params, recipe))
+    return list(unique.values())
 
 
 def _most_sensitive(

@@ -8,7 +8,7 @@ search benchmark.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pgc_daemon.policy import Policy
@@ -42,6 +42,17 @@ class TrialRecord:
     """The drop on the quick accuracy check (a few inputs), before timing."""
     policy_version: int | None = None
     """The version of the policy the trial was evaluated under (None: offline, no store)."""
+    artifact: str | None = None
+    """Digest of the compiled artifact the build saved in the shared artifact folder (an
+    AOTInductor package or an ONNX model; None: nothing saved). Recorded on the variant, so
+    a serving process loads it instead of compiling."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
+        """A record as :meth:`to_dict` wrote it, by this or another version of pgc (fields
+        this version does not know are left out, missing ones take their defaults)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

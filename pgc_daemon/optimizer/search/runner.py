@@ -5,8 +5,12 @@ for, whatever the API changed since), rebuilds the model from its MODEL_SPEC and
 before searching, a spec that builds another model than the one served (fingerprint). It
 takes the captured live inputs, the live per-layer profile and the traffic's shape histogram
 from the store, runs the study (resuming it if it exists, warm-started from the best recipes
-of this model's earlier studies if it is new), records every trial, and finally proposes a
-deployment under the model's lock.
+of this model's earlier studies if it is new) and records every trial.
+
+A model version searched for the first time has no per-layer sensitivity yet: the baselines
+(and warm-start recipes) are evaluated first, then sensitivity is measured and shapes the
+space of the trials after them. Every trial good enough is deployed while the search goes on
+(:mod:`.progressive`); at the end the policy's final choice is proposed under the model's lock.
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ from pgc_daemon.modelspec import SpecOrigin, load_spec
 from pgc_daemon.policy import Policy, PolicySnapshot, load_policy
 from pgc_daemon.reservoir import InputReservoir
 from pgc_daemon.optimizer.schedule import PROFILE_WINDOW_S
-from pgc_daemon.optimizer.search.prepare import make_search, measure_sensitivity
+from pgc_daemon.optimizer.search.prepare import (
+    first_trials,
+    make_search,
+    measure_sensitivity,
+    settle,
+    shape_space,
+)
+from pgc_daemon.optimizer.search.progressive import Progressive
 from pgc_daemon.optimizer.search.study import SearchResult, TrialRecord
 from pgc_daemon.settings import Settings
 from pgc_daemon.services.queries import busy_intervals
@@ -128,12 +139,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         inputs, source = spec.examples, "the spec's example inputs"
 
     report = stored_sensitivity(store, model.id, model.graph_hash or "")
-    if report is None:
-        with store.session() as s:
-            st.repo.update_search_run(s, run_id, message="measuring per-layer sensitivity")
-        report = measure_sensitivity(spec.model, inputs, profile, metric=model.metric or spec.metric)
-        with store.session() as s:
-            st.repo.save_sensitivity(s, model.id, model.graph_hash or "", report.to_rows())
+    progressive = Progressive(store, model.id, run_id, policy, run.trials_budget)
 
     def on_trial(rec: TrialRecord, done: int, budget: int) -> None:
         with store.session() as s:
@@ -147,6 +153,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
                 best_fidelity=best[1],
                 message=f"trial {done}/{budget}: {rec.label}: {rec.message}",
             )
+        progressive.offer(rec, done)
 
     search = make_search(
         base=spec.model,
@@ -164,25 +171,63 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         sensitivity=report,
         reference_ms=reference_ms,
         cache=CompileCache(settings.compile_cache_path()),
+        early=report is None,
     )
     finished = search.finished()
     resumed = len(finished)
     with store.session() as s:
         record_resumed(s, model.id, run_id, run.study_name, finished)
-        st.repo.update_search_run(
-            s,
-            run_id,
-            trials_done=min(resumed, run.trials_budget),
-            message=(
-                f"searching {search.space.size} variants ({len(search.space.hot_layers)} hot "
-                f"layers, {len(search.space.pruned)} choices pruned by sensitivity) on "
-                f"{len(inputs)} inputs from {source} under policy version {snapshot.version}"
-                + (f"; resuming with {resumed} finished trials" if resumed else "")
-                + (f"; warm-started from {len(warm)} earlier recipes" if warm else "")
-            ),
-        )
-    result = search.run(run.trials_budget, timeout_s=policy.time_budget_s)
-    finish_run(store, model.id, run_id, result, policy)
+        st.repo.update_search_run(s, run_id, trials_done=min(resumed, run.trials_budget))
+    spent = 0.0  # in trials: the time budget leaves the sensitivity pass out, as it always has
+    progressive.start()
+    try:
+        if report is None:
+            # Baselines first: a first deployment need not wait for the sensitivity pass,
+            # which then shapes the space of the trials after them.
+            first = first_trials(search.space, warm)
+            with store.session() as s:
+                st.repo.update_search_run(
+                    s,
+                    run_id,
+                    message=(
+                        f"trying {len(first)} baseline recipes before measuring per-layer "
+                        f"sensitivity, on {len(inputs)} inputs from {source}"
+                    ),
+                )
+            started = time.monotonic()
+            early = search.run_first(first, run.trials_budget, timeout_s=policy.time_budget_s)
+            spent = time.monotonic() - started
+            with store.session() as s:
+                st.repo.update_search_run(
+                    s,
+                    run_id,
+                    message=f"measuring per-layer sensitivity (after {len(early)} baseline trials)",
+                )
+            report = measure_sensitivity(
+                spec.model, inputs, profile, metric=model.metric or spec.metric
+            )
+            with store.session() as s:
+                st.repo.save_sensitivity(s, model.id, model.graph_hash or "", report.to_rows())
+            space = shape_space(
+                spec.model, profile, policy, sensitivity=report, histogram=histogram
+            )
+            settle(search, space, policy=policy, sensitivity=report, warm_start=warm)
+        with store.session() as s:
+            st.repo.update_search_run(
+                s,
+                run_id,
+                message=(
+                    f"searching {search.space.size} variants ({len(search.space.hot_layers)} hot "
+                    f"layers, {len(search.space.pruned)} choices pruned by sensitivity) on "
+                    f"{len(inputs)} inputs from {source} under policy version {snapshot.version}"
+                    + (f"; resuming with {resumed} finished trials" if resumed else "")
+                    + (f"; warm-started from {len(warm)} earlier recipes" if warm else "")
+                ),
+            )
+        result = search.run(run.trials_budget, timeout_s=max(policy.time_budget_s - spent, 0.0))
+    finally:
+        progressive.stop()
+    finish_run(store, model.id, run_id, result, policy, progressive)
     return result
 
 
@@ -223,7 +268,11 @@ def _best(s: Session, model_id: int, run_id: int) -> tuple[float | None, float |
 
 
 def record_trial(s: Session, model_id: int, run_id: int, rec: TrialRecord) -> None:
+    """Record a trial in the store; the artifact its build saved, if any, goes on the variant
+    (serving processes load it instead of compiling)."""
     variant = st.repo.get_or_create_variant(s, model_id, rec.recipe_hash, rec.recipe, rec.label)
+    if rec.artifact is not None and variant.artifact != rec.artifact:
+        st.repo.set_variant_artifact(s, variant.id, rec.artifact)
     st.repo.add_trial(
         s,
         run_id=run_id,
@@ -261,10 +310,15 @@ def record_resumed(
 
 
 def finish_run(
-    store: st.Store, model_id: int, run_id: int, result: SearchResult, policy: Policy
+    store: st.Store,
+    model_id: int,
+    run_id: int,
+    result: SearchResult,
+    policy: Policy,
+    progressive: Progressive | None = None,
 ) -> None:
-    from pgc_daemon.services.deployments import Proposal, propose  # noqa: PLC0415
-
+    """Record how the run ended, then propose its final choice (unless the run deployed that
+    one while it searched: see :class:`Progressive`)."""
     with store.session() as s:
         chosen_variant = None
         if result.chosen is not None:
@@ -281,7 +335,5 @@ def finish_run(
         )
         if not result.feasible:
             st.repo.add_event(s, model_id, "infeasible", result.message, level="warning")
-    if result.chosen is not None:
-        c = result.chosen
-        proposal = Proposal(c.recipe_hash, c.recipe, c.label, c.speedup, c.fidelity, c.message)
-        propose(store, model_id, proposal, policy, run_id=run_id)
+    progressive = progressive or Progressive(store, model_id, run_id, policy, len(result.records))
+    progressive.finish(result.chosen)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -158,6 +158,38 @@ class Space:
         if self.bucket_sizes:
             pools.append(("buckets", ("live", "none")))
         return pools
+
+    def distributions(self) -> dict[str, tuple[str, ...]]:
+        """The choices of every parameter :meth:`suggest` asks for (what Optuna records as the
+        parameter's distribution, and refuses to see changed later in the same study)."""
+        return {name: tuple(choices) for name, choices in self._pools()}
+
+    def reconciled(self, recorded: Mapping[str, Sequence[Any]]) -> Space:
+        """This space, with the choices a study already ``recorded`` for a parameter wherever
+        they differ from this space's: a resumed study whose space moved since (another set
+        of layers covered by the default, a choice pruned or not) keeps searching with the
+        choices its parameters were first given, since Optuna refuses to change them."""
+
+        def kept(name: str, mine: Sequence[str]) -> tuple[str, ...]:
+            theirs = recorded.get(name)
+            return tuple(theirs) if theirs is not None else tuple(mine)
+
+        per_layer = dict(self.per_layer)
+        for layer in self.hot_layers:
+            choices = kept(f"layer:{layer}", self.choices_of(layer))
+            if choices != self.layer_choices:
+                per_layer[layer] = choices
+            else:
+                per_layer.pop(layer, None)
+        graph = kept("graph", self.graph_choices) if self.graph_choices else ()
+        out = replace(
+            self,
+            default_choices=kept("default", self.default_choices),
+            backends=kept("backend", self.backends),
+            per_layer=tuple((n, per_layer[n]) for n in self.hot_layers if n in per_layer),
+            graph_choices=graph,
+        )
+        return self if out == self else out
 
     @property
     def size(self) -> int:

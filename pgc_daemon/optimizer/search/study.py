@@ -11,7 +11,6 @@ finished trial kept. What a search produces (records, result, front, pick) is in
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 import warnings
@@ -19,13 +18,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
-import torch
+from optuna.distributions import CategoricalDistribution
 from torch import nn
 
-from compiler import BuildError, CompileCache, Example, Recipe, build, warm
+from compiler import CompileCache, Example, Recipe, RecipeError
 from pgc_daemon.optimizer.schedule import shape_signature, study_name
 from pgc_daemon.optimizer.search.evaluate import Evaluator
-from pgc_daemon.optimizer.search.measure import interleaved
 from pgc_daemon.optimizer.search.results import (
     SearchResult,
     TrialRecord,
@@ -34,6 +32,7 @@ from pgc_daemon.optimizer.search.results import (
     pick,
 )
 from pgc_daemon.optimizer.search.space import Space
+from pgc_daemon.optimizer.search.trial import evaluate_trial
 from pgc_daemon.policy import Policy
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
 log = logging.getLogger("pgc.search")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-QUICK_INPUTS = 8
 CALIBRATION_INPUTS = 32
 
 
@@ -90,7 +88,16 @@ def _record_from_frozen(t: optuna.trial.FrozenTrial) -> TrialRecord | None:
     data = t.user_attrs.get("record")
     if data is None:
         return None
-    return TrialRecord(**data)
+    return TrialRecord.from_dict(data)
+
+
+#: User attributes of the trials evaluated before the space was final (:meth:`Search.run_first`):
+#: ``early`` marks the trial that holds the record (told FAIL, without parameters, so that no
+#: sampler reads it: its number is the trial's number in pgc's store), ``adopts`` the trial
+#: that gives the sampler the same point in the final space's parameters (complete or pruned,
+#: with its values and constraints, and no record of its own: every record is held once).
+EARLY = "early"
+ADOPTS = "adopts"
 
 
 class Search:
@@ -145,10 +152,13 @@ class Search:
     # ------------------------------------------------------------------ running
 
     def finished(self) -> list[TrialRecord]:
-        out = []
+        """Every record of the study's finished trials, once each."""
+        out: list[TrialRecord] = []
+        numbers: set[int] = set()
         for t in self.study.get_trials(deepcopy=False):
             rec = _record_from_frozen(t)
-            if rec is not None and t.state.is_finished():
+            if rec is not None and t.state.is_finished() and rec.number not in numbers:
+                numbers.add(rec.number)
                 out.append(rec)
         return out
 
@@ -187,6 +197,107 @@ class Search:
                 self.on_trial(rec, evaluated, n_trials)
         return self.result([r for r in records if not r.duplicate])
 
+    def run_first(
+        self,
+        items: Sequence[tuple[dict[str, Any], Recipe]],
+        n_trials: int,
+        timeout_s: float | None = None,
+    ) -> list[TrialRecord]:
+        """Evaluate ``items`` (parameters for the record, and the recipe) before the space is
+        final: the baselines, while per-layer sensitivity is not measured yet. Recipes the
+        study already evaluated are skipped; ``n_trials`` counts the study's earlier trials as
+        :meth:`run` does. Returns the new records (each also went to ``on_trial``).
+
+        Optuna keeps a parameter's choices fixed for the life of a study, and sensitivity
+        prunes choices: so each record is kept by a trial without parameters (told FAIL, which
+        no sampler reads, the record in its user attributes: a worker killed now loses
+        nothing), and :meth:`set_space` gives it the final space's parameters later."""
+        started = time.monotonic()
+        seen = {r.recipe_hash for r in self.finished() if not r.duplicate}
+        evaluated = len(seen)
+        out: list[TrialRecord] = []
+        for params, recipe in items:
+            if evaluated >= n_trials or self.should_stop():
+                break
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                break
+            if recipe.hash in seen:
+                continue
+            trial = self.study.ask()
+            rec = self.evaluate(trial.number, params, recipe)
+            rec.policy_version = self.policy_version
+            trial.set_user_attr("record", rec.to_dict())
+            trial.set_user_attr(EARLY, True)
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            seen.add(rec.recipe_hash)
+            out.append(rec)
+            evaluated += 1
+            if self.on_trial is not None:
+                self.on_trial(rec, evaluated, n_trials)
+        return out
+
+    def set_space(self, space: Space) -> int:
+        """Search ``space`` from now on. Where the study already recorded choices for one of its
+        parameters (a resumed study whose space changed since), those are kept: Optuna refuses
+        other choices under the same name. Then every trial :meth:`run_first` evaluated gets
+        this space's parameters (a trial added to the study with its values and constraints),
+        so the sampler learns from it; a recipe this space cannot say keeps only its record.
+        Returns how many trials were added."""
+        self.space = space.reconciled(self.recorded_choices())
+        return self.adopt()
+
+    def recorded_choices(self) -> dict[str, tuple[Any, ...]]:
+        """The choices the study recorded for each categorical parameter so far."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            for name, dist in t.distributions.items():
+                if name not in out and isinstance(dist, CategoricalDistribution):
+                    out[name] = tuple(dist.choices)
+        return out
+
+    def adopt(self) -> int:
+        """Give the records of :meth:`run_first` the current space's parameters (once each)."""
+        trials = self.study.get_trials(deepcopy=False)
+        done = {t.user_attrs.get(ADOPTS) for t in trials}
+        pools = self.space.distributions()
+        added = 0
+        for t in trials:
+            if not t.user_attrs.get(EARLY) or t.number in done:
+                continue
+            rec = _record_from_frozen(t)
+            if rec is None or rec.state not in ("complete", "pruned"):
+                continue
+            try:
+                params = self.space.params_for(Recipe.from_dict(rec.recipe))
+            except RecipeError:
+                params = None
+            if params is None:
+                continue
+            dists: dict[str, optuna.distributions.BaseDistribution] = {
+                name: CategoricalDistribution(pools[name]) for name in params
+            }
+            attrs: dict[str, Any] = {ADOPTS: t.number, "label": rec.label}
+            if rec.state == "complete":
+                frozen = optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.COMPLETE,
+                    values=[rec.ratio, max(rec.drop or 0.0, 0.0)],
+                    params=params,
+                    distributions=dists,
+                    user_attrs=attrs,
+                    constraints=self.policy.violations(rec.drop, rec.latency_ms),
+                )
+            else:
+                frozen = optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.PRUNED,
+                    params=params,
+                    distributions=dists,
+                    user_attrs=attrs,
+                    constraints={"accuracy_drop": max(rec.drop or 1.0, 1e-9)},
+                )
+            self.study.add_trial(frozen)
+            added += 1
+        return added
+
     def _tell(self, trial: optuna.Trial, rec: TrialRecord) -> None:
         trial.set_user_attr("record", rec.to_dict())
         if rec.state == "complete":
@@ -200,79 +311,7 @@ class Search:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     def _evaluate(self, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
-        t0 = time.monotonic()
-        rec = TrialRecord(
-            number=number,
-            state="failed",
-            params=dict(params),
-            recipe=recipe.to_dict(),
-            recipe_hash=recipe.hash,
-            label=recipe.label(),
-        )
-        policy = self.policy
-        variant = None
-        phases = rec.phases
-        try:
-            t = time.monotonic()
-            example = self.calibration[0] if self.calibration else None
-            variant = build(
-                self.base, recipe, calibration=self.calibration, example=example, cache=self.cache
-            )
-            phases["build"] = time.monotonic() - t
-            t = time.monotonic()
-            warm(variant, self.timing_inputs[:1], rounds=1)
-            phases["warm"] = time.monotonic() - t
-            t = time.monotonic()
-            quick = self.evaluator.score(variant.module, QUICK_INPUTS)
-            phases["quick"] = time.monotonic() - t
-            rec.quick_drop = quick.drop
-            if quick.drop > policy.prune_drop:
-                rec.state, rec.fidelity, rec.drop = "pruned", quick.fidelity, quick.drop
-                rec.message = f"pruned before timing: drop {quick.drop:.4f} on {quick.n} inputs"
-                return rec
-            t = time.monotonic()
-            full = self.evaluator.score(variant.module)
-            phases["full"] = time.monotonic() - t
-            rec.fidelity, rec.drop = full.fidelity, full.drop
-            t = time.monotonic()
-            timing = interleaved(
-                self.base,
-                variant.module,
-                self.timing_inputs,
-                percentile=policy.latency_percentile,
-                max_seconds=self.max_timing_s,
-                seed=self.seed + number,
-            )
-            phases["timing"] = time.monotonic() - t
-            pct = policy.latency_percentile
-            rec.ratio = timing.ratio
-            rec.speedup = timing.speedup
-            if self.reference_ms:
-                rec.baseline_ms = self.reference_ms
-                rec.latency_ms = timing.ratio * self.reference_ms
-            else:
-                rec.baseline_ms = timing.baseline_ms[pct]
-                rec.latency_ms = timing.candidate_ms[pct]
-            rec.timing = timing.to_dict()
-            rec.state = "complete"
-            rec.feasible = feasible(policy, rec)
-            rec.violation = policy.normalized_violation(rec.drop, rec.latency_ms)
-            pace = "faster" if rec.speedup >= 1 else "slower"
-            factor = rec.speedup if rec.speedup >= 1 else 1 / rec.speedup
-            rec.message = (
-                f"{factor:.2f}x {pace} than fp32 eager, {self.evaluator.metric} {rec.fidelity:.4f}"
-                + ("" if rec.feasible else " (infeasible)")
-            )
-        except BuildError as exc:
-            rec.message = str(exc)
-        except Exception as exc:  # noqa: BLE001 - a broken candidate is a failed trial
-            rec.message = f"{type(exc).__name__}: {exc}"
-        finally:
-            rec.duration_s = time.monotonic() - t0
-            del variant
-            torch._dynamo.reset()
-            gc.collect()
-        return rec
+        return evaluate_trial(self, number, params, recipe)
 
     # ------------------------------------------------------------------ result
 

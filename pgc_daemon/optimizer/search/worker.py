@@ -34,6 +34,8 @@ log = logging.getLogger("pgc.search")
 
 #: ``prctl`` option: the signal this process gets when its parent thread exits (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
+#: Niceness of a search worker (serving processes keep theirs).
+WORKER_NICE = 10
 #: How often the watchdog compares the parent pid.
 PARENT_POLL_S = 0.5
 
@@ -88,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
+    # below the serving processes on the same host: a search is background work, and its
+    # trials are timed as ratios interleaved with fp32 in this process, so priority cancels out
+    os.nice(WORKER_NICE)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings()
     if args.store:

@@ -1,0 +1,117 @@
+"""One trial of a search: build the recipe (or load the artifact another trial built), warm
+it, prune it on a quick accuracy check, score it on every input, time it interleaved with
+fp32 eager."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from compiler import BuildError, CompileCache, Example, Recipe, build, warm
+from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.measure import interleaved
+from pgc_daemon.optimizer.search.results import TrialRecord, feasible
+from pgc_daemon.policy import Policy
+
+#: Inputs of the quick accuracy check that prunes a candidate before it is timed.
+QUICK_INPUTS = 8
+
+
+
+class TrialContext(Protocol):
+    """What a trial needs of its search (:class:`~pgc_daemon.optimizer.search.study.Search`)."""
+
+    base: nn.Module
+    cache: CompileCache | None
+    calibration: Sequence[Example]
+    timing_inputs: Sequence[Example]
+    evaluator: Evaluator
+    policy: Policy
+    max_timing_s: float
+    seed: int
+    reference_ms: float | None
+
+def evaluate_trial(self: TrialContext, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
+    """Build, warm, check accuracy (quick, then full) and time one trial's recipe against
+    fp32 eager; the record says how far it got and why (a broken candidate is a failed
+    trial, never an exception)."""
+    t0 = time.monotonic()
+    rec = TrialRecord(
+        number=number,
+        state="failed",
+        params=dict(params),
+        recipe=recipe.to_dict(),
+        recipe_hash=recipe.hash,
+        label=recipe.label(),
+    )
+    policy = self.policy
+    variant = None
+    phases = rec.phases
+    try:
+        t = time.monotonic()
+        example = self.calibration[0] if self.calibration else None
+        variant = build(
+            self.base, recipe, calibration=self.calibration, example=example, cache=self.cache
+        )
+        phases["build"] = time.monotonic() - t
+        rec.artifact = getattr(variant, "artifact", None)
+        t = time.monotonic()
+        warm(variant, self.timing_inputs[:1], rounds=1)
+        phases["warm"] = time.monotonic() - t
+        t = time.monotonic()
+        quick = self.evaluator.score(variant.module, QUICK_INPUTS)
+        phases["quick"] = time.monotonic() - t
+        rec.quick_drop = quick.drop
+        if quick.drop > policy.prune_drop:
+            rec.state, rec.fidelity, rec.drop = "pruned", quick.fidelity, quick.drop
+            rec.message = f"pruned before timing: drop {quick.drop:.4f} on {quick.n} inputs"
+            return rec
+        t = time.monotonic()
+        full = self.evaluator.score(variant.module)
+        phases["full"] = time.monotonic() - t
+        rec.fidelity, rec.drop = full.fidelity, full.drop
+        t = time.monotonic()
+        timing = interleaved(
+            self.base,
+            variant.module,
+            self.timing_inputs,
+            percentile=policy.latency_percentile,
+            max_seconds=self.max_timing_s,
+            seed=self.seed + number,
+        )
+        phases["timing"] = time.monotonic() - t
+        pct = policy.latency_percentile
+        rec.ratio = timing.ratio
+        rec.speedup = timing.speedup
+        if self.reference_ms:
+            rec.baseline_ms = self.reference_ms
+            rec.latency_ms = timing.ratio * self.reference_ms
+        else:
+            rec.baseline_ms = timing.baseline_ms[pct]
+            rec.latency_ms = timing.candidate_ms[pct]
+        rec.timing = timing.to_dict()
+        rec.state = "complete"
+        rec.feasible = feasible(policy, rec)
+        rec.violation = policy.normalized_violation(rec.drop, rec.latency_ms)
+        pace = "faster" if rec.speedup >= 1 else "slower"
+        factor = rec.speedup if rec.speedup >= 1 else 1 / rec.speedup
+        rec.message = (
+            f"{factor:.2f}x {pace} than fp32 eager, {self.evaluator.metric} {rec.fidelity:.4f}"
+            + ("" if rec.feasible else " (infeasible)")
+        )
+    except BuildError as exc:
+        rec.message = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a broken candidate is a failed trial
+        rec.message = f"{type(exc).__name__}: {exc}"
+    finally:
+        rec.duration_s = time.monotonic() - t0
+        del variant
+        torch._dynamo.reset()
+        gc.collect()
+    return rec
+
