@@ -80,10 +80,22 @@ class Settings(BaseSettings):
     )
     retention_h: float = Field(72.0, gt=0, description="statistics older than this are pruned")
     work_dir: str = Field(".pgc", description="worker logs and caches")
+    artifact_dir: str | None = Field(
+        None,
+        description="where search workers leave the variants they built (AOTInductor packages, "
+        "ONNX models) for serving processes to load; a fleet on several hosts points every "
+        "host at one mounted path. Default: <work_dir>/compile-cache/artifacts",
+    )
     gc_freeze: bool = Field(
         True,
         description="after building a variant in the serving process, collect and gc.freeze() "
         "long-lived objects so full garbage collections do not stall requests",
+    )
+    executor: bool | None = Field(
+        None,
+        description="attached models serve on one inference thread each, which request threads "
+        "hand their calls to (attach(executor=...) overrides it); default: on when torch runs "
+        "more than one intra-op thread",
     )
 
     def optuna_storage(self) -> str:
@@ -102,6 +114,11 @@ class Settings(BaseSettings):
         machine (``compiler.CompileCache``): the agent rebuilding what a worker measured reuses
         its work."""
         return self.work_path() / "compile-cache"
+
+    def artifact_path(self) -> Path | None:
+        """``artifact_dir`` when set (created private), else None: the compile cache's own
+        ``artifacts/`` folder."""
+        return private_dir(self.artifact_dir) if self.artifact_dir else None
 
     def token_path(self) -> Path:
         """Where the API token is kept: ``api_token_file``, else ``<work_dir>/token``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 import store as st
@@ -27,6 +28,9 @@ def attach(
     policy: Policy | dict[str, Any] | None = None,
     metric: str | None = None,
     profiler: ProfilerConfig | None = None,
+    executor: bool | None = None,
+    max_batch: int = 1,
+    max_delay_ms: float = 2.0,
 ) -> ServedModel:
     """Serve ``model`` through pgc. Returns a callable with the model's signature.
 
@@ -37,6 +41,17 @@ def attach(
     samples (rate, overhead budget, duty cycle, host statistics, leak window); by default it
     takes ``settings.sample_every`` and ``settings.window_s``. Store failures never fail
     ``attach``: the agent keeps serving and registers once the store answers.
+
+    ``executor``: run every call on one inference thread of this model, which the calling
+    thread hands the call to and waits for (:mod:`pgc_daemon.agent.executor`), so that only
+    that thread keeps an OpenMP team, however many threads call the model. ``None`` (the
+    default) takes ``settings.executor`` (``PGC_EXECUTOR``), else turns it on when torch runs
+    more than one intra-op thread: that is when a team per request thread oversubscribes the
+    cores (measured 1.4-1.9x slower calls, ``bench/threads.py``); with one intra-op thread
+    there is no team, and request threads running side by side use the cores better than one
+    thread would. ``max_batch`` > 1 turns on micro-batching of concurrent calls (the first
+    waits up to ``max_delay_ms`` for others; needs the executor, and a model whose outputs'
+    rows depend on their input rows alone): off by default.
     """
     settings = settings or Settings()
     opened: st.Store | None = None
@@ -49,9 +64,19 @@ def attach(
         policy = Policy.parse(policy)
     if not isinstance(model, nn.Module):
         raise TypeError("attach() needs a torch.nn.Module")
+    if max_batch < 1 or max_delay_ms < 0:
+        raise ValueError("attach() needs max_batch >= 1 and max_delay_ms >= 0")
+    if executor is None:
+        executor = settings.executor
+    if executor is None:
+        executor = max_batch > 1 or torch.get_num_threads() > 1
+    if max_batch > 1 and not executor:
+        raise ValueError("micro-batching (max_batch > 1) needs the executor, which "
+                         "attach(executor=False) or PGC_EXECUTOR=0 turned off")
     registry = Registry(
         model.eval(), InputReservoir(settings.reservoir_size), name=name, spec=spec,
         settings=settings, policy=policy, metric=metric, store=opened,
     )
     config = profiler or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s)
-    return ServedModel(registry, config).start()
+    options = {"max_batch": max_batch, "max_delay_ms": max_delay_ms} if executor else None
+    return ServedModel(registry, config, options).start()

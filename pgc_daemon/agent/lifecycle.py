@@ -10,6 +10,7 @@ from typing import Any, Self
 
 from torch import nn
 
+from pgc_daemon.agent.executor import Executor
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from pgc_daemon.agent.swapper import Swapper
@@ -17,15 +18,18 @@ from profiler import Profiler
 
 
 class Lifecycle:
-    """Start and stop the background parts of a served model together: the profiler (whose
+    """Start and stop the background parts of a served model together: the inference thread
+    (the :class:`~pgc_daemon.agent.executor.Executor`, when there is one), the profiler (whose
     exporter writes into the registry) and the swapper thread. Threading: call these from the
     thread that owns the served model (the server's start-up and shut-down), not from request
-    threads; ``close`` joins the swapper thread and is idempotent."""
+    threads; ``close`` serves the calls already handed to the inference thread (later ones run
+    in their callers' threads), joins the threads and is idempotent."""
 
     registry: Registry
     base: nn.Module
     profiler: Profiler
     swapper: Swapper
+    executor: Executor | None
     calls: int
     fallbacks: int
     caller_errors: int
@@ -53,6 +57,8 @@ class Lifecycle:
         return self.registry.baseline_variant_id
 
     def start(self) -> Self:
+        if self.executor is not None:
+            self.executor.start()
         self.profiler.start()
         self.swapper.start()
         return self
@@ -66,6 +72,8 @@ class Lifecycle:
         if self._closed:
             return
         self._closed = True
+        if self.executor is not None:
+            self.executor.stop()
         self.swapper.stop()
         self.profiler.stop(flush=self.model_id is not None)
         if self.model_id is not None:
@@ -91,6 +99,7 @@ class Lifecycle:
             "dropped_windows": self.profiler.dropped,
             "profiler": self.profiler.status(),
             "registered": self.model_id is not None,
+            "executor": None if self.executor is None else self.executor.status(),
         }
 
     # ------------------------------------------------------------------ for the swapper

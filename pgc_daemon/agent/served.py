@@ -14,6 +14,8 @@
 
 Everything slow runs on background threads: the profiler's exporter (into the
 :class:`~pgc_daemon.agent.registry.Registry`) and the :class:`~pgc_daemon.agent.swapper.Swapper`.
+With an :class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference
+thread, which the caller's thread hands the call to (one OpenMP team however many callers).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from pgc_daemon.agent.executor import executor_for
 from pgc_daemon.agent.lifecycle import Lifecycle
 from pgc_daemon.agent.live import LiveRecord
 from pgc_daemon.agent.registry import Registry
@@ -40,7 +43,9 @@ class ServedModel(Lifecycle):
     """A callable that serves through the active variant of a model. Create with
     :func:`~pgc_daemon.agent.attach`; it is the swapper's :class:`~pgc_daemon.agent.contract.Served`."""
 
-    def __init__(self, registry: Registry, profiler: ProfilerConfig) -> None:
+    def __init__(
+        self, registry: Registry, profiler: ProfilerConfig, executor: dict[str, Any] | None = None
+    ) -> None:
         self.registry = registry
         self.base = registry.base
         self.reservoir = registry.reservoir
@@ -60,12 +65,14 @@ class ServedModel(Lifecycle):
             serving=lambda: self._slot.variant_id,
         )
         self.profiler.watch(self.base)
+        self.executor = executor_for(self._serve, registry.name, executor)  # None: inline
+        self._submit = self._serve if self.executor is None else self.executor.submit
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = object()
         self._in_flight.add(call)  # set.add/discard are atomic: no lock on the request path
         try:
-            return self._serve(args, kwargs)
+            return self._submit(args, kwargs)
         finally:
             self._in_flight.discard(call)
 

@@ -2,8 +2,10 @@
 
 torch and its CUDA build, the NVIDIA driver and whether the two are compatible, CUPTI and
 Triton, perf counters, CPU features (from ``compiler.probe()``, the one shared hardware
-probe), a C++ compiler for Inductor on CPU. Nothing here fails: a missing piece is reported
-with the reason and what pgc does without it.
+probe), a C++ compiler for Inductor on CPU, and what the process's thread settings cost (a
+small model called from a second thread against the first, the OpenMP effect behind pgc's
+serving executor). Nothing here fails: a missing piece is reported with the reason and what
+pgc does without it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 ORDER = 90
@@ -107,6 +113,106 @@ def compatibility(runtime: str | None, driver_cuda: str | None) -> tuple[bool | 
     return False, f"the driver supports CUDA {driver_cuda} only; torch needs {runtime}"
 
 
+#: The thread-cost probe: a small MLP (many short parallel ops, where OpenMP barriers weigh
+#: most), called from this thread and from a second one, in interleaved rounds.
+PROBE_WIDTH, PROBE_DEPTH, PROBE_BATCH, PROBE_ROUNDS, PROBE_ROUND_S = 256, 8, 16, 3, 0.12
+PROBE_BUDGET_S = 2.0
+#: A second thread this much slower than the first is worth the executor's hand-off.
+COSTLY_RATIO = 1.15
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _probe_ms(model: Any, x: Any, calls: int) -> float:
+    import torch  # noqa: PLC0415
+
+    times = []
+    with torch.inference_mode():
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def thread_cost() -> dict[str, Any]:
+    """torch's thread settings, and what a call from a second thread costs against one from the
+    first. libgomp keeps an OpenMP team for every thread that ran parallel torch work; with
+    more such threads than cores its barriers sleep instead of spinning, and every call slows
+    down. About a second."""
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+
+    from pgc_daemon.settings import Settings  # noqa: PLC0415
+
+    intra, cores = torch.get_num_threads(), _usable_cores()
+    info: dict[str, Any] = {
+        "intra_op": intra, "inter_op": torch.get_num_interop_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "mkl_num_threads": os.environ.get("MKL_NUM_THREADS"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+        "cores": cores, "cpu_count": os.cpu_count(),
+        "backend": next((line.split(":", 1)[1].strip() for line in
+                         torch.__config__.parallel_info().splitlines()
+                         if line.startswith("ATen parallel backend")), None),
+    }
+    try:
+        executor = Settings().executor
+    except Exception:  # noqa: BLE001 - a bad PGC_* variable is for other checks to report
+        executor = None
+    info["executor_default"] = intra > 1 if executor is None else executor
+    layers: list[nn.Module] = []
+    for _ in range(PROBE_DEPTH):
+        layers += [nn.Linear(PROBE_WIDTH, PROBE_WIDTH), nn.GELU()]
+    model, x = nn.Sequential(*layers).eval(), torch.randn(PROBE_BATCH, PROBE_WIDTH)
+    started = time.perf_counter()
+    _probe_ms(model, x, 5)
+    calls = max(5, min(500, int(PROBE_ROUND_S / max((time.perf_counter() - started) / 5, 1e-6))))
+    first: list[float] = []
+    second: list[float] = []
+    for _ in range(PROBE_ROUNDS):
+        if first and time.perf_counter() - started > PROBE_BUDGET_S:
+            break
+        first.append(_probe_ms(model, x, calls))
+        t = threading.Thread(target=lambda: second.append(_probe_ms(model, x, calls)),
+                             name="pgc-doctor-second")
+        t.start()
+        t.join()
+    first_ms, second_ms = statistics.median(first), statistics.median(second)
+    ratio = second_ms / first_ms
+    info.update(first_thread_ms=first_ms, second_thread_ms=second_ms, second_thread_ratio=ratio)
+    info["advice"] = _thread_advice(info)
+    return info
+
+
+def _thread_advice(t: dict[str, Any]) -> str:
+    intra, cores, ratio = t["intra_op"], t["cores"], t["second_thread_ratio"]
+    onoff = "on" if t["executor_default"] else "off"
+    if intra > cores:
+        return (f"torch runs {intra} intra-op threads on {cores} usable cores: set "
+                f"OMP_NUM_THREADS={cores} (or torch.set_num_threads({cores})) before serving")
+    if intra == 1:
+        return (f"one intra-op thread: no OpenMP team to share, calls from any thread cost the "
+                f"same ({ratio:.2f}x); pgc's executor is {onoff} by default")
+    if ratio <= 1 / COSTLY_RATIO:
+        return (f"the first thread ran the probe {1 / ratio:.2f}x slower than a second one: other "
+                "processes take cores from this one's OpenMP team, whose barriers spin while it is "
+                "alone; on a shared host start the server with OMP_WAIT_POLICY=PASSIVE (barriers "
+                f"sleep), or measure again when it is quiet. pgc's executor is {onoff} by default")
+    if ratio >= COSTLY_RATIO:
+        return (f"a second thread ran the probe {ratio:.2f}x slower than the first: serve "
+                f"through pgc's executor (one inference thread per model; {onoff} by default, "
+                "attach(executor=True)) and keep torch work off other long-lived threads")
+    return (f"a second thread ran the probe at {ratio:.2f}x the first's time: threads cost "
+            f"little here; pgc's executor is {onoff} by default")
+
+
 def collect() -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
@@ -164,6 +270,7 @@ def collect() -> dict[str, Any]:
                 "bf16": bool(feats.get("avx512_bf16") or feats.get("amx_bf16")),
                 "features": feats, "int8_fast": hw.int8_fast, "bf16_fast": hw.bf16_fast},
         "cxx_compiler": cxx,
+        "threads": thread_cost(),
     }
     report["uses"] = uses(report)
     return report
@@ -202,6 +309,12 @@ def uses(r: dict[str, Any]) -> list[str]:
     out.append("Triton kernels: on" if r["triton"]["available"] else f"Triton kernels: off ({r['triton']['detail']})")
     out.append(f"host statistics: {r['host_stats']['detail']}" if r["host_stats"]["available"]
                else f"host statistics: off ({r['host_stats']['detail']})")
+    if r["threads"]["executor_default"]:
+        out.append("serving: one inference thread per attached model (the executor); request "
+                   "threads hand their calls to it")
+    else:
+        out.append("serving: calls run in the request threads (executor off: one intra-op "
+                   "thread, or PGC_EXECUTOR=0)")
     return out
 
 
@@ -242,6 +355,13 @@ def render(r: dict[str, Any]) -> None:
     flags = ", ".join(f"{k} {'yes' if cpu[k] else 'no'}" for k in ("avx2", "avx512", "vnni", "amx", "bf16"))
     line(True, "CPU", f"{cpu['name']}, {cpu['cores']} cores: {flags}")
     line(bool(r["cxx_compiler"]), "C++ compiler", r["cxx_compiler"] or "none on PATH (Inductor on CPU needs one)")
+    th = r["threads"]
+    line(th["second_thread_ratio"] < COSTLY_RATIO and th["intra_op"] <= th["cores"] or None, "threads",
+         f"torch {th['intra_op']} intra-op / {th['inter_op']} inter-op on {th['cores']} cores "
+         f"(OMP_NUM_THREADS={th['omp_num_threads'] or 'unset'}, {th['backend'] or '?'}); a second "
+         f"thread: {th['second_thread_ms']:.2f} ms vs {th['first_thread_ms']:.2f} ms "
+         f"({th['second_thread_ratio']:.2f}x)")
+    c.print(f"   {'':<16} {th['advice']}")
     c.print("[bold]pgc will use[/bold]")
     for u in r["uses"]:
         c.print(f"  • {u}")
