@@ -14,6 +14,14 @@ machine's own noise falls on both alike. Reported: request count, failures, p50/
 phase and their ratio, and the swaps' own timings.
 
     python bench/hotswap.py [--swaps 20] [--clients 2] [--json]
+
+With ``--cold``, every deployment is of a variant the serving process never built: a separate
+process (as a search worker does) builds each recipe into an artifact first, and the serving
+process loads it. The canary runs with pgc's default settings (20 s, 16 shadow samples,
+tolerance 0.15), and ``serving_build_cpu_s`` is the CPU time the serving process spent
+obtaining each variant (loading the artifact; compiling, had it been missing).
+
+    python bench/hotswap.py --cold [--swaps 4] [--json]
 """
 
 from __future__ import annotations
@@ -88,11 +96,58 @@ class Clients:
             return [ms for at, ms in self.samples if t0 <= at < t1]
 
 
-def deploy(store: st.Store, recipe: Recipe) -> int:
+def deploy(store: st.Store, recipe: Recipe, artifact: str | None = None) -> int:
     with store.session() as s:
         m = st.repo.get_model(s, "minilm")
         v = st.repo.get_or_create_variant(s, m.id, recipe.hash, recipe.to_dict(), recipe.label())
+        if artifact:
+            st.repo.set_variant_artifact(s, v.id, artifact)
         return st.repo.create_deployment(s, m.id, v.id, source="manual", reason="bench").id
+
+
+def cold_recipes(n: int) -> list[Recipe]:
+    """``n`` distinct int8 variants of about the same speed: all-int8 dynamic with one more
+    encoder layer's output projection kept fp32 each."""
+    out = [A]
+    for i in range(n - 1):
+        keep = {f"encoder.encoder.layer.{j}.output.dense": "fp32" for j in range(i + 1)}
+        out.append(Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc", **keep}),
+                          backend=Backend("inductor")))
+    return out
+
+
+_BUILDER = """
+import json, sys, torch
+from compiler import CompileCache, Recipe, build
+from pgc_daemon.examples import minilm
+torch.set_num_threads(int(sys.argv[3]))
+cache = CompileCache(sys.argv[1])
+model = minilm.load_model()
+example = minilm.encode(["a sentence to compile the variant with"])
+out = {}
+for data in json.loads(sys.argv[2]):
+    built = build(model, Recipe.from_dict(data), example=(example, {}), cache=cache)
+    out[built.recipe.hash] = getattr(built, "artifact", None)
+print(json.dumps(out))
+"""
+
+
+def build_artifacts(cache_dir: Path, recipes: list[Recipe], threads: int) -> dict[str, str]:
+    """Build every recipe in a separate process, as a search worker does; returns the
+    artifact digest of each recipe hash."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILDER, str(cache_dir), json.dumps([r.to_dict() for r in recipes]), str(threads)],
+        capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parent.parent,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"building the artifacts failed:\n{proc.stderr[-2000:]}")
+    digests = json.loads(proc.stdout.strip().splitlines()[-1])
+    missing = [r.label() for r in recipes if not digests.get(r.hash)]
+    if missing:
+        raise SystemExit(f"no artifact was made for: {', '.join(missing)}")
+    return digests
 
 
 def set_policy(store: st.Store, policy: dict[str, Any]) -> None:
@@ -156,8 +211,12 @@ def main() -> int:
     ap.add_argument("--steady-s", type=float, default=40.0, help="steady state in all, spread between the swaps")
     ap.add_argument("--canary-s", type=float, default=2.0)
     ap.add_argument("--shadow-samples", type=int, default=4, help="live inputs shadow-checked per canary")
+    ap.add_argument("--cold", action="store_true",
+                    help="deploy variants built by another process (artifacts), default canary settings")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
+    if args.cold:
+        return cold(args)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -259,6 +318,98 @@ def main() -> int:
     if args.json:
         print(json.dumps(out), flush=True)
     return 0 if out["failed"] == 0 else 1
+
+
+def cold(args: argparse.Namespace) -> int:
+    """Deployments of artifacts a separate process built, with the default canary."""
+    from rich.console import Console
+
+    from compiler import probe
+    from pgc_daemon.policy import Policy
+
+    console = Console(stderr=True)
+    swaps = args.swaps if args.swaps != 20 else 4
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    tmp = Path(tempfile.mkdtemp(prefix="pgc-hotswap-cold-"))
+    settings = Settings(store_url=f"sqlite:///{tmp}/pgc.db", work_dir=f"{tmp}/work", poll_s=0.1)
+    recipes = cold_recipes(swaps)
+    console.print(f"building {len(recipes)} artifacts in a separate process (as a search worker does)")
+    t0 = time.monotonic()
+    digests = build_artifacts(settings.compile_cache_path(), recipes, torch.get_num_threads())
+    build_s = time.monotonic() - t0
+    store = st.open_store(settings.store_url)
+    defaults = Policy()
+    served = attach(minilm.load_model(), name="minilm", settings=settings, metric="cosine")
+    clients = Clients(served, args.clients, args.think_ms / 1e3)
+    for t in clients.threads:
+        t.start()
+    steady_windows: list[tuple[float, float]] = []
+    swap_windows: list[tuple[float, float]] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        while served.model_id is None or len(served.reservoir) < 8:
+            time.sleep(0.2)
+        dep = None
+        for i, recipe in enumerate(recipes):
+            w0 = time.monotonic()
+            time.sleep(max(5.0, args.steady_s / max(1, swaps)))
+            steady_windows.append((w0, time.monotonic()))
+            variants = served.swapper.variants
+            cpu_before, compiles_before = variants.build_cpu_s, variants.compiles
+            started = time.monotonic()
+            dep = deploy(store, recipe, digests[recipe.hash])
+            state = wait_done(store, dep, timeout=600)
+            time.sleep(AFTER_SWAP_S)
+            swap_windows.append((started, time.monotonic()))
+            with store.session() as s:
+                d = st.repo.get_deployment(s, dep)
+                reason = [t.reason for t in d.transitions]
+            rows.append({"state": state, "seconds": time.monotonic() - started,
+                         "serving_build_cpu_s": variants.build_cpu_s - cpu_before,
+                         "compiled_in_serving": variants.compiles - compiles_before,
+                         "build_s": d.build_s, "swap_ms": d.swap_ms, "transitions": reason})
+            console.print(f"deployment {i + 1}/{len(recipes)}: {state} in {rows[-1]['seconds']:.1f}s, "
+                          f"{rows[-1]['serving_build_cpu_s']:.2f} CPU s to obtain it")
+        w0 = time.monotonic()
+        time.sleep(max(5.0, args.steady_s / max(1, swaps)))
+        steady_windows.append((w0, time.monotonic()))
+    finally:
+        clients.stop.set()
+        for t in clients.threads:
+            t.join(timeout=10)
+        served.close()
+    steady_ms = [ms for w in steady_windows for ms in clients.between(*w)]
+    swap_ms = [ms for w in swap_windows for ms in clients.between(*w)]
+    out = {
+        "machine": probe().summary(),
+        "requests": len(clients.samples) + len(clients.failures),
+        "failed": len(clients.failures),
+        "swaps": len(rows),
+        "swaps_active": sum(r["state"] == "active" for r in rows),
+        "canary": {"canary_s": defaults.canary_s, "shadow_samples": defaults.canary_shadow_samples,
+                   "tolerance": defaults.canary_latency_tolerance},
+        "worker_build_s": build_s,
+        "serving_build_cpu_s": max((r["serving_build_cpu_s"] for r in rows), default=None),
+        "compiles_in_serving": sum(r["compiled_in_serving"] for r in rows),
+        "steady_p99_ms": pct(steady_ms, 99),
+        "swap_p99_ms": pct(swap_ms, 99),
+        "steady_p50_ms": pct(steady_ms, 50),
+        "swap_p50_ms": pct(swap_ms, 50),
+        "deployments": rows,
+        "first_failures": clients.failures[:3],
+    }
+    out["p99_ratio"] = out["swap_p99_ms"] / out["steady_p99_ms"]
+    out["p99_ratio_90ci"] = list(ratio_interval(swap_ms, steady_ms))
+    console.print(
+        f"cold deployments: {out['swaps_active']}/{out['swaps']} active, {out['failed']} failed requests, "
+        f"at most {out['serving_build_cpu_s']:.2f} CPU s in the serving process per deployment, "
+        f"p99 during swaps / steady {out['p99_ratio']:.2f}x ({out['swap_p99_ms']:.1f} / {out['steady_p99_ms']:.1f} ms) "
+        f"on {out['machine']}"
+    )
+    if args.json:
+        print(json.dumps(out), flush=True)
+    ok = out["failed"] == 0 and (out["serving_build_cpu_s"] or 0) <= 5 and out["p99_ratio"] <= 1.5
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

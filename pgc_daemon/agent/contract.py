@@ -38,6 +38,11 @@ class Served(Protocol):
     def registry(self) -> Registry: ...
 
     @property
+    def calls(self) -> int:
+        """Calls served so far (the replica row reports it)."""
+        ...
+
+    @property
     def live(self) -> LiveRecord: ...
 
     @property

@@ -19,7 +19,9 @@ import store as st
 from pgc_daemon.modelspec import spec_origin
 from compiler import Recipe, choose_metric
 from pgc_daemon import states
+from pgc_daemon.agent.replica import Replica, others_alive
 from pgc_daemon.agent.rows import window_rows
+from pgc_daemon.agent.runtime import in_short_thread
 from pgc_daemon.policy import Policy, load_policy
 from pgc_daemon.reservoir import InputReservoir
 from pgc_daemon.settings import Settings
@@ -73,10 +75,18 @@ class Registry:
             self._store = st.open_store(self.settings.store_url)
         return self._store
 
-    def register(self) -> int:
-        """Register the model, its baseline variant, policy and the base deployment; returns
-        the base deployment's id. Called by the swapper thread (retried until the store
-        answers)."""
+    def register(self, replica: Replica | None = None) -> int | None:
+        """Register the model, its baseline variant and policy, and this process as one of
+        its replicas; returns the id of the deployment this process serves first (the base
+        deployment it created), or None when it joins a model whose active deployment it will
+        follow. Called by the swapper thread (retried until the store answers).
+
+        Under the model's lock, so replicas starting together (``uvicorn --workers N``) take
+        one decision: a model attached for the first time, or whose weights changed, gets a
+        base deployment (the active one, if any, is superseded); a model whose active
+        deployment is for these same weights keeps it, and this replica follows it (loading
+        its artifact). Deployments in flight are failed only when no other replica is alive
+        to own them; candidates wait for whichever replica claims them."""
         from compiler import fingerprint, probe  # noqa: PLC0415
 
         graph_hash = fingerprint(self.base)
@@ -85,6 +95,7 @@ class Registry:
         origin = spec_origin(self.spec) if self.spec else None
         identity = Recipe()
         with self.store().session() as sess:
+            st.repo.begin_write(sess)  # replicas starting together register one at a time
             try:
                 previous_hash = st.repo.get_model(sess, self.name).graph_hash
             except st.NotFound:
@@ -99,37 +110,33 @@ class Registry:
                 metric=self.metric,
                 input_signature={"threads": torch.get_num_threads(), "hardware": hardware.summary()},
             )
+            st.repo.lock_model(sess, model.id)
             baseline = st.repo.get_or_create_variant(
                 sess, model.id, identity.hash, identity.to_dict(), identity.label()
             )
             if st.repo.get_policy(sess, model.id) is None:
                 st.repo.put_policy(sess, model.id, self.policy.model_dump())
             same_model = previous_hash == graph_hash
-            restore = None
+            others = others_alive(sess, model.id, replica.name) if replica is not None else []
+            active = st.repo.active_deployment(sess, model.id)
             for dep in st.repo.list_deployments(sess, model.id):
-                if dep.state == D.ACTIVE:
-                    states.move(sess, dep.id, D.SUPERSEDED, "agent restarted")
-                    if same_model and dep.variant_id != baseline.id:
-                        restore = dep
-                elif dep.state in states.OPEN:
+                if dep.state == D.ACTIVE and not same_model:
+                    states.move(sess, dep.id, D.SUPERSEDED, "the model's weights changed")
+                elif dep.state in states.IN_FLIGHT and (not same_model or not others):
                     states.move(sess, dep.id, D.FAILED, "agent restarted before it finished")
-            dep = st.repo.create_deployment(
-                sess, model.id, baseline.id, source="attach", reason="the user's module, as attached"
-            )
-            states.move(sess, dep.id, D.ACTIVE, "serving the base module")
-            if restore is not None:
-                st.repo.create_deployment(
-                    sess,
-                    model.id,
-                    restore.variant_id,
-                    source="restore",
-                    reason="restoring the variant that served before the agent restarted",
-                    expected_speedup=restore.expected_speedup,
-                    expected_fidelity=restore.expected_fidelity,
+            base_dep: int | None = None
+            if active is None or not same_model:
+                dep = st.repo.create_deployment(
+                    sess, model.id, baseline.id, source="attach", reason="the user's module, as attached"
                 )
+                states.move(sess, dep.id, D.ACTIVE, "serving the base module")
+                base_dep = dep.id
+            elif active.variant_id == baseline.id:
+                base_dep = active.id
+            if replica is not None:
+                replica.register(sess, model.id)
             self.model_id = model.id
             self.baseline_variant_id = baseline.id
-            base_dep = dep.id
             saved = st.repo.load_reservoir(sess, model.id) if same_model else None
         if saved is not None and len(self.reservoir) == 0:
             # the live inputs of the last run: calibration and verification need not wait
@@ -141,9 +148,13 @@ class Registry:
         if self.metric is not None or len(self.reservoir) == 0:
             return
         args, kwargs = self.reservoir.snapshot()[0]
-        with torch.inference_mode():
-            out = self.base(*args, **kwargs)
-        self.metric = choose_metric(out)
+
+        def forward() -> object:
+            with torch.inference_mode():
+                return self.base(*args, **kwargs)
+
+        # in a thread that ends: the long-lived swapper thread must not keep an OpenMP team
+        self.metric = choose_metric(in_short_thread(forward))
         if self.model_id is not None:
             with self.store().session() as sess:
                 st.repo.upsert_model(sess, self.name, metric=self.metric)

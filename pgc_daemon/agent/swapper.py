@@ -33,10 +33,12 @@ this work off the request path are :mod:`~pgc_daemon.agent.runtime`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import store as st
@@ -44,7 +46,10 @@ from compiler import warm
 from pgc_daemon import states
 from pgc_daemon.agent import canary
 from pgc_daemon.agent.contract import Served
+from pgc_daemon.agent.follow import Follower
 from pgc_daemon.agent.heartbeat import Heartbeat
+from pgc_daemon.agent.replica import Replica, Report, trimmed_mean
+from pgc_daemon.agent.reverts import Reverter, end_active
 from pgc_daemon.agent.runtime import in_short_thread, lower_priority, settle_heap, short_gil_turns
 from pgc_daemon.agent.slot import Slot
 from pgc_daemon.agent.variants import Variants
@@ -72,12 +77,13 @@ class Swapper:
             target=self._loop, name=f"pgc-swapper-{self.registry.name}", daemon=True
         )
         self.variants = Variants(served)
+        self.replica = Replica(self.registry.store, self._report)
+        self.follower = Follower(served, self.variants, self.replica.name)
+        self.reverts = Reverter(served)
         self.busy = threading.Event()
         self.deployments_done = 0
         self._interrupted: dict[int, _Interrupted] = {}
         """Deployments a store error interrupted, settled when the store answers again."""
-        self._unrecorded_revert: tuple[Slot, str] | None = None
-        """A revert to the base done in memory whose store records failed (retried)."""
         self._moved: threading.Event | None = None  # set by the heartbeat: someone else moved it
         self._failing: str | None = None
 
@@ -88,6 +94,18 @@ class Swapper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        self.replica.stop()
+
+    def _report(self) -> Report:
+        """This replica's row: what it serves, how fast, what it built (the replica's thread)."""
+        slot, served = self.served.slot, self.served
+        recent = list(served.live.latency_ms.get(slot.variant_id, ()))[-256:]
+        state = "deploying" if self.busy.is_set() and not self.follower.state == "loading" else self.follower.state
+        return Report(
+            state=state, variant_id=slot.variant_id, deployment_id=slot.deployment_id,
+            calls=served.calls, live_ms=trimmed_mean(recent), compiles=self.variants.compiles,
+            loads=self.variants.loads, message=self.follower.message,
+        )
 
     # ------------------------------------------------------------------ loop
 
@@ -98,13 +116,14 @@ class Swapper:
         while not self._stop.is_set():
             try:
                 if reg.model_id is None:
-                    base_dep = reg.register()
+                    base_dep = reg.register(self.replica)
                     if served.slot.module is served.base:
                         served.swap(served.base_slot(base_dep))
-                    log.info("registered model %s (id %s)", reg.name, reg.model_id)
+                    self.replica.start()
+                    log.info("registered model %s (id %s) as replica %s", reg.name, reg.model_id, self.replica.name)
                 reg.ensure_metric()
                 self._settle_interrupted()
-                self._handle_failed_variant()
+                self.reverts.handle_failed_variant()
                 for dep_id in self._pending():
                     if self._stop.is_set():
                         break
@@ -118,6 +137,7 @@ class Swapper:
                     finally:
                         self._moved = None
                         self.busy.clear()
+                self._follow()
                 backoff = reg.settings.poll_s
             except st.StoreError as exc:
                 log.warning("store unavailable (%s); serving continues, retrying", describe(exc))
@@ -126,6 +146,25 @@ class Swapper:
                 log.exception("swapper iteration failed")
                 backoff = min(backoff * 2, 30.0)
             self._stop.wait(backoff)
+
+    def _follow(self) -> None:
+        """Serve the model's active deployment if another replica made it (or it was made
+        before this one started): see :mod:`~pgc_daemon.agent.follow`."""
+        if self._stop.is_set() or len(self.registry.reservoir) == 0:
+            return
+        self.follower.fail_orphans()
+        if self.follower.follow(self._quietly):
+            self.replica.beat()
+
+    @contextlib.contextmanager
+    def _quietly(self) -> Iterator[None]:
+        """Torch work of a deployment or a follow: no per-layer hooks, short GIL turns."""
+        self.busy.set()
+        try:
+            with self.served.profiler.paused(), short_gil_turns():
+                yield
+        finally:
+            self.busy.clear()
 
     def _pending(self) -> list[int]:
         """Candidates to deploy, oldest first; none until live inputs exist to warm up and
@@ -161,47 +200,9 @@ class Swapper:
         slot = self.variants.in_memory(variant_id) if variant_id is not None else None
         if slot is None:  # not expected: a deployment's module is kept warm from its build on
             lost = Slot(self.served.base, variant_id, "lost variant", False, dep_id)
-            return self._revert_to_base(lost, "its module is gone after a store error")
+            return self.reverts.to_base(lost, "its module is gone after a store error")
         self.served.swap(_replace(slot, deployment_id=dep_id, control=None))
         log.info("deployment %s had become active before the store failed; serving it", dep_id)
-
-    def _handle_failed_variant(self) -> None:
-        """An active (non-canary) variant failed a live request: return to the base module."""
-        served = self.served
-        if self._unrecorded_revert is not None:
-            slot, reason = self._unrecorded_revert
-            self._record_revert(slot, reason)
-        error = served.take_variant_failure()
-        if error is None:
-            return
-        slot = served.slot
-        if slot.module is served.base:
-            return
-        self._revert_to_base(slot, f"variant failed live requests: {error}")
-
-    def _revert_to_base(self, slot: Slot, reason: str) -> None:
-        """Serve the base module now, then record it; records a store error kept from are
-        retried (``_unrecorded_revert``) rather than lost."""
-        served = self.served
-        served.swap(served.base_slot())
-        self._unrecorded_revert = (slot, reason)
-        self._record_revert(slot, reason)
-
-    def _record_revert(self, slot: Slot, reason: str) -> None:
-        served, reg = self.served, self.registry
-        with reg.store().session() as sess:
-            if slot.deployment_id is not None:
-                current = st.repo.get_deployment(sess, slot.deployment_id)
-                if current.state in states.allowed_from(D.ROLLED_BACK):
-                    states.move(sess, slot.deployment_id, D.ROLLED_BACK, reason)
-            dep = st.repo.create_deployment(
-                sess, reg.id, reg.baseline_variant_id, source="rollback", reason=reason
-            )
-            states.move(sess, dep.id, D.ACTIVE, "base module restored")
-            st.repo.add_event(sess, reg.id, "rollback", reason, level="warning")
-        self._unrecorded_revert = None
-        if served.slot.module is served.base:
-            served.swap(served.base_slot(dep.id))
 
     # ------------------------------------------------------------------ one deployment
 
@@ -247,20 +248,23 @@ class Swapper:
             # A rollback to a module still in memory skips the build.
             reuse = self.variants.in_memory(variant.id)
             if reuse is not None and source == "rollback":
-                self._finish_rollback(dep_id, reuse, current)
+                self.reverts.to_variant(dep_id, reuse, current, owner=self.replica.name)
                 return
             if reuse is not None:
-                self._transition(dep_id, D.BUILDING, f"{variant.label} is built already")
+                self._transition(
+                    dep_id, D.BUILDING, f"{variant.label} is built already", owner=self.replica.name
+                )
                 self._transition(dep_id, D.WARMING, "warm already", build_s=0.0)
                 self._transition(dep_id, D.VERIFYING, "verifying fidelity", warm_s=0.0)
                 slot = _replace(reuse, deployment_id=dep_id, control=None)
             else:
-                self._transition(dep_id, D.BUILDING, f"building {variant.label}")
-                built = in_short_thread(self.variants.build, variant.recipe)
+                how = "loading the worker's artifact of" if variant.artifact else "building"
+                self._transition(dep_id, D.BUILDING, f"{how} {variant.label}", owner=self.replica.name)
+                built = in_short_thread(self.variants.build, variant.recipe, variant.artifact)
                 self._transition(
                     dep_id,
                     D.WARMING,
-                    f"built in {built.report.build_s:.1f}s; warming up",
+                    f"{self.variants.last_source or 'built'}; warming up",
                     build_s=built.report.build_s,
                 )
                 examples = self.variants.warm_examples()
@@ -340,11 +344,9 @@ class Swapper:
             return False
         # the store first: the process serves the candidate alone only once the store says so
         with reg.store().session() as sess:
-            if previous.deployment_id is not None:
-                prev = st.repo.get_deployment(sess, previous.deployment_id)
-                if prev.state == D.ACTIVE:
-                    end = D.ROLLED_BACK if source == "rollback" else D.SUPERSEDED
-                    states.move(sess, prev.id, end, f"replaced by {label}")
+            st.repo.lock_model(sess, reg.id)
+            end = D.ROLLED_BACK if source == "rollback" else D.SUPERSEDED
+            end_active(sess, reg.id, end, f"replaced by {label}")
             states.move(
                 sess,
                 dep_id,
@@ -366,25 +368,6 @@ class Swapper:
         self._transition(dep_id, D.FAILED, reason)
         with self.registry.store().session() as sess:
             st.repo.add_event(sess, self.registry.id, "deploy_failed", reason, level="warning")
-
-    def _finish_rollback(self, dep_id: int, target: Slot, current: Slot) -> None:
-        """Roll back to a module still in memory: recorded first, then swapped in (a store
-        error leaves what serves unchanged)."""
-        reg = self.registry
-        with reg.store().session() as sess:
-            if current.deployment_id is not None:
-                cur = st.repo.get_deployment(sess, current.deployment_id)
-                if cur.state == D.ACTIVE:
-                    states.move(sess, cur.id, D.ROLLED_BACK, "rolled back on request")
-            states.move(
-                sess,
-                dep_id,
-                D.ACTIVE,
-                f"rolled back to {target.label}",
-                previous_variant_id=current.variant_id,
-            )
-            st.repo.add_event(sess, reg.id, "rollback", f"rolled back to {target.label}")
-        self.served.swap(_replace(target, deployment_id=dep_id, control=None))
 
 
 def _replace(slot: Slot, **changes: Any) -> Slot:

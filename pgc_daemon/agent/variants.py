@@ -8,6 +8,7 @@ for torch work (:func:`~pgc_daemon.agent.runtime.in_short_thread`), one call at 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 import weakref
 from typing import Any
@@ -21,6 +22,7 @@ from pgc_daemon.agent.slot import Slot
 from pgc_daemon.errors import DeployFailed
 from profiler import shape_key
 
+log = logging.getLogger("pgc.swapper")
 VERIFY_INPUTS = 32
 WARM_SHAPES = 8
 CALIBRATION_INPUTS = 32
@@ -44,6 +46,15 @@ class Variants:
         )
         """Fidelity of modules on the verification set taken at that time."""
         self._cache: CompileCache | None = None
+        self.compiles = 0
+        """Compiled variants this process built itself (a worker's artifact was missing or
+        unfit); eager variants, which only quantize a copy, are not counted."""
+        self.loads = 0
+        """Variants that came as an artifact a worker built (nothing compiled here)."""
+        self.last_source = ""
+        self.build_cpu_s = 0.0
+        """CPU seconds this process's builds and artifact loads took, in all (the thread that
+        ran them; compiler subprocesses not included)."""
 
     def in_memory(self, variant_id: int) -> Slot | None:
         """A warm module for this variant, if one was built recently (or is the base)."""
@@ -61,19 +72,54 @@ class Variants:
         while len(self._built) > KEEP_BUILT:
             self._built.popitem(last=False)
 
-    def build(self, recipe_data: dict[str, Any]) -> BuiltVariant:
-        """Build a recipe's variant of the base module, calibrated on live inputs."""
-        recipe = Recipe.from_dict(recipe_data)
-        samples = self.served.registry.reservoir.snapshot()
+    def cache(self) -> CompileCache:
         if self._cache is None:
-            self._cache = CompileCache(self.served.registry.settings.compile_cache_path())
-        return build(
+            self._cache = CompileCache(
+                self.served.registry.settings.compile_cache_path(),
+                artifacts=self.served.registry.settings.artifact_path(),
+            )
+        return self._cache
+
+    def build(self, recipe_data: dict[str, Any], artifact: str | None = None) -> BuiltVariant:
+        """A recipe's variant of the base module: the artifact a worker built for it when
+        there is one that fits this process (loaded, nothing compiled), else built here and
+        calibrated on live inputs (counted in ``compiles``)."""
+        started = time.thread_time()
+        try:
+            return self._obtain(recipe_data, artifact)
+        finally:
+            self.build_cpu_s += time.thread_time() - started
+
+    def _obtain(self, recipe_data: dict[str, Any], artifact: str | None) -> BuiltVariant:
+        from compiler import ArtifactUnavailable, load_artifact  # noqa: PLC0415
+
+        recipe = Recipe.from_dict(recipe_data)
+        if artifact:
+            try:
+                built = load_artifact(self.served.base, recipe, artifact, cache=self.cache())
+            except ArtifactUnavailable as exc:
+                log.warning("artifact of %s not loaded (%s); building it here", recipe.label(), exc)
+                self.last_source = f"artifact unavailable ({exc}); compiled here"
+            else:
+                self.loads += 1
+                self.last_source = f"artifact loaded in {built.report.build_s:.1f}s"
+                return built
+        samples = self.served.registry.reservoir.snapshot()
+        built = build(
             self.served.base,
             recipe,
             calibration=samples[:CALIBRATION_INPUTS],
             example=samples[0] if samples else None,
-            cache=self._cache,
+            cache=self.cache(),
         )
+        if built.report.cache == "artifact":
+            self.loads += 1
+            self.last_source = f"artifact loaded in {built.report.build_s:.1f}s"
+        else:
+            self.compiles += int(built.report.compiled)  # eager builds (quantize a copy) are cheap
+            if not artifact:
+                self.last_source = f"built here in {built.report.build_s:.1f}s (no artifact)"
+        return built
 
     def warm_examples(self) -> list[Any]:
         """Live inputs to warm a variant up with, one per shape seen."""

@@ -225,6 +225,8 @@ class Daemon:
         searches under it even if the policy changes meanwhile."""
         with self._start_lock:
             with self.store.session() as s:
+                # several pgc serve on one store (a fleet) start one search per model
+                st.repo.lock_model(s, model_id)
                 if st.repo.running_search(s, model_id) is not None:
                     raise SearchError("a search is already running for this model")
                 model = s.get(st.Model, model_id)

@@ -38,6 +38,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 import store as st
+from pgc_daemon.states import STALE_AFTER_S
 from store import RUN_OPEN, RunState
 from pgc_daemon.settings import Settings
 
@@ -179,6 +180,8 @@ def prune_statistics(store: st.Store, retention_h: float) -> int:
     from pgc_daemon.services.queries import BASELINE_HASH  # noqa: PLC0415 - loads the compiler
 
     with store.session() as s:
+        for model in st.repo.list_models(s):  # stopped or vanished serving processes
+            n += st.repo.prune_replicas(s, model.id, within_s=STALE_AFTER_S)
         n += st.repo.prune_history(s, protect_hashes=[BASELINE_HASH]).total
     if n:
         log.info("pruned %d old statistics and history rows", n)

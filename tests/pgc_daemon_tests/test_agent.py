@@ -158,8 +158,8 @@ def test_an_unreachable_store_never_fails_requests(mlp_spec: dict, tmp_path: Any
         served.close()
 
 
-def test_restarted_agent_restores_the_variant_that_served(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
-    # a canary promotes only on live evidence: traffic runs while each deployment canaries
+def test_a_restarted_agent_serves_the_active_variant_again(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
+    # a canary promotes only on live evidence: traffic runs while the deployment canaries
     served = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
     try:
         with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=2):
@@ -169,14 +169,14 @@ def test_restarted_agent_restores_the_variant_that_served(mlp_spec: dict, settin
         served.close()
     again = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
     try:
-
-        def restored() -> bool:
-            with store.session() as s:
-                return st.repo.active_deployment(s, again.model_id).source == "restore"
-
-        with Load(again, mlp_spec["model"], _inputs(mlp_spec), threads=2):
-            wait_for(restored, timeout=60, what="restore")
-        assert again.slot.label == INT8.label() and not again.slot.canary
+        with Load(again, mlp_spec["model"], _inputs(mlp_spec), threads=2) as load:
+            wait_for(lambda: again.slot.label == INT8.label(), timeout=60, what="the variant served again")
+        assert not again.slot.canary and not load.errors
+        with store.session() as s:
+            # the decision stands: the same deployment is active, nothing superseded it
+            active = st.repo.active_deployment(s, again.model_id)
+            assert active.id == dep and again.slot.deployment_id == dep
+            assert [d.state for d in st.repo.list_deployments(s, again.model_id)].count("active") == 1
     finally:
         again.close()
 
