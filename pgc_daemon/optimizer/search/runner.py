@@ -170,7 +170,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         warm_start=warm,
         sensitivity=report,
         reference_ms=reference_ms,
-        cache=CompileCache(settings.compile_cache_path()),
+        cache=CompileCache(settings.compile_cache_path(), artifacts=settings.artifact_path()),
         early=report is None,
     )
     finished = search.finished()
