@@ -52,7 +52,7 @@ from pgc_daemon.agent.replica import Replica, Report, trimmed_mean
 from pgc_daemon.agent.reverts import Reverter, end_active
 from pgc_daemon.agent.runtime import in_short_thread, lower_priority, settle_heap, short_gil_turns
 from pgc_daemon.agent.slot import Slot
-from pgc_daemon.agent.variants import Variants
+from pgc_daemon.agent.variants import VERIFY_INPUTS, Variants
 from pgc_daemon.errors import DeployFailed, describe
 from pgc_daemon.policy import Policy
 from pgc_daemon.states import D
@@ -155,6 +155,12 @@ class Swapper:
         self.follower.fail_orphans()
         if self.follower.follow(self._quietly):
             self.replica.beat()
+        elif (
+            self.registry.spec  # a model pgc can search: a deployment will verify on these
+            and len(self.registry.reservoir) >= VERIFY_INPUTS
+            and self.variants.references_stale()
+        ):
+            in_short_thread(self.variants.prepare_references)
 
     @contextlib.contextmanager
     def _quietly(self) -> Iterator[None]:

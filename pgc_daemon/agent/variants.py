@@ -131,20 +131,32 @@ class Variants:
             by_shape.setdefault(shape_key(args, kwargs), (args, kwargs))
         return list(by_shape.values())[:WARM_SHAPES]
 
+    def references_stale(self) -> bool:
+        reservoir = self.served.registry.reservoir
+        return self._refs is None or (
+            self._refs[0] != reservoir.version and time.monotonic() - self._refs[1] > REFS_MAX_AGE_S
+        )
+
+    def prepare_references(self) -> None:
+        """Compute the verification set's fp32 outputs if they are missing or stale. The
+        swapper also calls this while idle, once enough live inputs exist, so that the first
+        deployment does not wait for it (30 s of yielding fp32 forwards on a busy 2-core
+        machine)."""
+        if not self.references_stale():
+            return
+        served, reservoir = self.served, self.served.registry.reservoir
+        samples = reservoir.snapshot()[:VERIFY_INPUTS]
+        with torch.inference_mode(), background_reference(served.serving_now):
+            refs = [served.base(*a, **k) for a, k in samples]
+        self._refs = (reservoir.version, time.monotonic(), samples, refs)
+
     def verify(self, module: torch.nn.Module, min_fidelity: float) -> float:
         """Fidelity of ``module`` against the base on live inputs. The verification set (the
         inputs and the base's outputs) is kept for a while (``REFS_MAX_AGE_S``); a module
         already scored on the same set (one kept warm, deployed again) is not run again: the
         same module on the same inputs gives the same outputs."""
-        served, reservoir = self.served, self.served.registry.reservoir
-        now = time.monotonic()
-        if self._refs is None or (
-            self._refs[0] != reservoir.version and now - self._refs[1] > REFS_MAX_AGE_S
-        ):
-            samples = reservoir.snapshot()[:VERIFY_INPUTS]
-            with torch.inference_mode(), background_reference(served.serving_now):
-                refs = [served.base(*a, **k) for a, k in samples]
-            self._refs = (reservoir.version, now, samples, refs)
+        self.prepare_references()
+        assert self._refs is not None
         _, taken_at, samples, refs = self._refs
         metric = self.served.registry.metric or "sqnr"
         known = self._scores.get(module)
