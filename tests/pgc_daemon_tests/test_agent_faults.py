@@ -255,10 +255,10 @@ def test_a_cancel_during_the_build_drops_it(
     building, go = threading.Event(), threading.Event()
     real_build = served.swapper.variants.build
 
-    def slow_build(recipe: Any) -> Any:
+    def slow_build(recipe: Any, artifact: str | None = None) -> Any:
         building.set()
         go.wait(30)
-        return real_build(recipe)
+        return real_build(recipe, artifact)
 
     served.swapper.variants.build = slow_build  # type: ignore[method-assign]
     try:

@@ -3,6 +3,8 @@ growing allocation through the agent, the store and the API's events endpoint.""
 
 from __future__ import annotations
 
+import mmap
+
 import time
 from typing import Any
 
@@ -76,17 +78,23 @@ def test_host_sampler_reads_this_process() -> None:
 
 def test_a_real_growing_allocation_raises_a_leak_warning_and_a_flat_one_does_not() -> None:
     sampler = HostSampler(interval_s=0.05, leak=LeakDetector(window_s=1.0, min_growth_bytes=24 * MIB))
-    held: list[np.ndarray] = []
+    held: list[mmap.mmap] = []
     warnings = []
     deadline = time.monotonic() + 1.6
-    while time.monotonic() < deadline:  # +4 MiB (written, so resident) every 50 ms
-        held.append(np.ones(4 * MIB // 8))
+    # +4 MiB every 50 ms, fresh pages written so they are resident: mapped directly, since
+    # malloc may serve an array from heap that earlier tests freed (RSS would not grow)
+    while time.monotonic() < deadline:
+        block = mmap.mmap(-1, 4 * MIB)
+        block.write(b"\x01" * (4 * MIB))
+        held.append(block)
         _, w = sampler.sample(variant=1)
         if w is not None:
             warnings.append(w)
         time.sleep(0.05)
     assert warnings, "80 MiB of steady growth in 1.6 s went unnoticed"
     assert warnings[0].growth_bytes >= 24 * MIB and warnings[0].variant == 1
+    for block in held:
+        block.close()
     held.clear()
     flat = HostSampler(interval_s=0.05, leak=LeakDetector(window_s=1.0, min_growth_bytes=24 * MIB))
     quiet = []
