@@ -58,8 +58,10 @@ def test_timing_inputs_follow_the_traffic_histogram() -> None:
 
 @pytest.mark.slow
 def test_the_same_model_under_different_traffic_gets_a_different_variant(mlp_spec: dict[str, Any]) -> None:
-    """At batch 64 int8 with Inductor pays on this MLP; one request at a time nothing beats
-    fp32 eager (compiled code's call overhead outweighs the arithmetic it saves)."""
+    """At batch 64 int8 with Inductor pays on this MLP; one request at a time the call overhead
+    weighs more, and what wins there (fp32 eager with the old Python-wrapped Inductor, a
+    compiled int8 variant now that Inductor variants are AOTInductor packages) is another
+    variant, measured, never slower than fp32 eager."""
     model = mlp_spec["model"]
     batch64 = [(a, {}) for a in mlp_spec["example_inputs"]]
     batch1 = [((a[0][i : i + 1],), {}) for a in mlp_spec["example_inputs"][:2] for i in range(16)]
@@ -74,7 +76,7 @@ def test_the_same_model_under_different_traffic_gets_a_different_variant(mlp_spe
         chosen[name] = result.chosen
     assert chosen["b64"].label != chosen["b1"].label
     assert chosen["b64"].speedup > 1.3
-    assert chosen["b1"].recipe == Recipe().to_dict() or chosen["b1"].speedup < chosen["b64"].speedup
+    assert chosen["b1"].recipe == Recipe().to_dict() or chosen["b1"].speedup >= 1.0
 
 
 def test_a_budget_nothing_meets_reports_the_closest_and_chooses_nothing(mlp_spec: dict[str, Any]) -> None:
