@@ -91,6 +91,15 @@ class Clients:
                     self.failures.append(f"{type(exc).__name__}: {exc}")
             self.stop.wait(self.think_s)
 
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+    def within(self, windows: list[tuple[float, float]]) -> list[float]:
+        """Latencies of the requests that finished inside any of ``windows``."""
+        return [ms for w in windows for ms in self.between(*w)]
+
     def between(self, t0: float, t1: float) -> list[float]:
         with self.lock:
             return [ms for at, ms in self.samples if t0 <= at < t1]
@@ -275,12 +284,10 @@ def main() -> int:
                                   "phases": [(t.to_state, t.at - wall_minus_mono) for t in d.transitions]})
                 progress.advance(task)
     finally:
-        clients.stop.set()
-        for t in clients.threads:
-            t.join(timeout=10)
+        clients.close()
         served.close()
-    steady_ms = [ms for w in steady_windows for ms in clients.between(*w)]
-    swap_ms = [ms for w in swap_windows for ms in clients.between(*w)]
+    steady_ms = clients.within(steady_windows)
+    swap_ms = clients.within(swap_windows)
     out = {
         "requests": len(clients.samples) + len(clients.failures),
         "failed": len(clients.failures),
@@ -374,12 +381,10 @@ def cold(args: argparse.Namespace) -> int:
         time.sleep(max(5.0, args.steady_s / max(1, swaps)))
         steady_windows.append((w0, time.monotonic()))
     finally:
-        clients.stop.set()
-        for t in clients.threads:
-            t.join(timeout=10)
+        clients.close()
         served.close()
-    steady_ms = [ms for w in steady_windows for ms in clients.between(*w)]
-    swap_ms = [ms for w in swap_windows for ms in clients.between(*w)]
+    steady_ms = clients.within(steady_windows)
+    swap_ms = clients.within(swap_windows)
     out = {
         "machine": probe().summary(),
         "requests": len(clients.samples) + len(clients.failures),
