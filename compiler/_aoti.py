@@ -21,19 +21,17 @@ Three rules come from measurements:
   by the original model given to ``build`` (exact fp32 outputs), counted in
   ``shape_misses``: never an error, never a compile. A recipe with shape buckets gets one
   package per bucket length.
-- **The GIL is held for a whole call.** The loader runs a package without releasing it
-  (torch 2.13), so other Python threads of the process do not run while a call does (eager
-  and ``torch.compile`` variants let them run between ops): a thread spinning beside MiniLM
-  packages called back to back got ~5% of its usual iterations. Calls take milliseconds, so
-  background threads still get turns between them.
+- **No GIL held through a call.** torch's loader holds the GIL for a whole call (torch 2.13),
+  starving every other thread of the serving process (an fp32 model beside it: 7 ms a call
+  became 283 ms). Packages run through their library's C interface instead, which releases
+  it (:mod:`compiler._aoti_native`); the loader remains for packages that need more.
 
-The loader extracts a package into a temporary folder, removed when the variant is released
-or, at the latest, when the process exits (see :func:`_extract_folder`).
+A package is extracted into this process's folder, removed when the variant is released or,
+at the latest, when the process exits (see :func:`compiler._aoti_native.extract_folder`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import io
 import os
@@ -51,6 +49,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
+from compiler._aoti_native import NativePackage, extract_folder, plain_package
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
 
@@ -119,30 +118,7 @@ def signature_from_json(data: dict[str, Any]) -> Signature:
     return (treespec_loads(data["spec"]), *leaves)
 
 
-_EXTRACT_LOCK = threading.Lock()
-_extract_root: tuple[int, str] | None = None
-
-
-def _extract_folder() -> str:
-    """This process's folder for extracted packages, removed when it exits. The loader
-    extracts each package under ``TMPDIR`` and removes the copy only when the loader is freed,
-    which a process that exits holding variants never does (60 MB per MiniLM package, per
-    process). Folders of processes that are gone (killed) are removed here too."""
-    global _extract_root
-    pid = os.getpid()
-    if _extract_root is None or _extract_root[0] != pid:  # first use, or a forked child
-        base = Path(tempfile.gettempdir())
-        for old in base.glob("pgc-aoti-loaded-*"):
-            try:
-                os.kill(int(old.name.split("-")[3]), 0)
-            except ProcessLookupError:
-                shutil.rmtree(old, ignore_errors=True)
-            except (ValueError, IndexError, OSError):
-                continue
-        root = tempfile.mkdtemp(prefix=f"pgc-aoti-loaded-{pid}-")
-        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(root, ignore_errors=True))
-        _extract_root = (pid, root)
-    return _extract_root[1]
+_TMPDIR_LOCK = threading.Lock()
 
 
 def _package_loader(path: str | Path) -> Any:
@@ -157,9 +133,10 @@ def _package_loader(path: str | Path) -> Any:
             from torch._inductor.package import load_package
 
             return load_package(str(path)).loader
-    with _EXTRACT_LOCK:  # the loader reads TMPDIR; set it for this call only
+    folder = extract_folder()
+    with _TMPDIR_LOCK:  # the loader reads TMPDIR; set it for this call only
         before = os.environ.get("TMPDIR")
-        os.environ["TMPDIR"] = _extract_folder()
+        os.environ["TMPDIR"] = folder
         try:  # (model name, single-threaded, runners, device)
             return make(str(path), "model", False, 1, -1)
         finally:
@@ -170,12 +147,15 @@ def _package_loader(path: str | Path) -> Any:
 
 
 class PackageRunner:
-    """One loaded package, called through its loader directly (``AOTICompiledModel`` parses
-    the package's call spec again on every call)."""
+    """One loaded package. A plain package runs through its library's C interface, the GIL
+    released for the call (:mod:`compiler._aoti_native`); any other through torch's loader,
+    called directly (``AOTICompiledModel`` parses the call spec again on every call)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.loader = _package_loader(path)
-        in_spec, out_spec = (treespec_loads(s) for s in self.loader.get_call_spec())
+        self.native = NativePackage(path) if plain_package(path) else None
+        self.loader = None if self.native is not None else _package_loader(path)
+        spec = self.native.call_spec if self.native is not None else self.loader.get_call_spec()
+        in_spec, out_spec = (treespec_loads(s) for s in spec)
         self.kwarg_order = list(in_spec.child(1).context or [])
         self.out_spec = out_spec
 
@@ -186,7 +166,8 @@ class PackageRunner:
             kwargs = {k: kwargs[k] for k in self.kwarg_order}  # in the order exported
             leaves = tree_flatten((tuple(args), kwargs))[0]
             flat = [x for x in leaves if isinstance(x, torch.Tensor)]
-        return tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
+        outputs = self.native.run(flat) if self.native is not None else self.loader.boxed_run(flat)
+        return tree_unflatten(outputs, self.out_spec)
 
 
 class AotiModule(nn.Module):

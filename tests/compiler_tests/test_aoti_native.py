@@ -1,0 +1,104 @@
+"""An AOTInductor package runs through its library's C interface with the GIL released, so the
+serving process's other threads (request handlers, the fp32 control of a canary) keep running
+while a compiled variant computes. torch's own loader holds the GIL for the whole call: the
+same package through it is the control that shows the difference is measured, not assumed."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from compiler._aoti import PackageRunner, _package_loader, compile_package
+from compiler._aoti_native import NativePackage, plain_package
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, nn.Module, torch.Tensor]]:
+    """A package whose one call takes tens of milliseconds on one thread."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048)).eval()
+    x = torch.randn(256, 2048)
+    path = tmp_path_factory.mktemp("native") / "mlp.pt2"
+    compile_package(model, ((x,), {}), path, {"freezing": True})
+    yield path, model, x
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The package computes on one core, the spinning thread has the other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _spins_per_s(call: Callable[[], Any], rounds: int) -> tuple[float, float]:
+    """How fast a pure-Python thread counts while ``call`` runs back to back in this one,
+    and how long a call takes (s)."""
+    count, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    c0, t0 = count[0], time.perf_counter()
+    for _ in range(rounds):
+        call()
+    elapsed = time.perf_counter() - t0
+    spins = count[0] - c0
+    stop.set()
+    thread.join()
+    return spins / elapsed, elapsed / rounds
+
+
+def test_a_plain_package_runs_natively_with_the_loaders_outputs(package: tuple[Path, nn.Module, torch.Tensor]) -> None:
+    path, model, x = package
+    assert plain_package(path)
+    runner = PackageRunner(path)
+    assert runner.native is not None and runner.loader is None
+    loader = _package_loader(path)
+    with torch.inference_mode():
+        native_out = runner((x,), {})
+        loader_out = loader.boxed_run([x])[0]
+        expected = model(x)
+    assert torch.equal(native_out, loader_out)
+    torch.testing.assert_close(native_out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_other_threads_run_while_a_package_computes(
+    package: tuple[Path, nn.Module, torch.Tensor], one_thread: None
+) -> None:
+    path, _, x = package
+    native = NativePackage(path)
+    loader = _package_loader(path)
+    with torch.inference_mode():
+        alone, _ = _spins_per_s(lambda: time.sleep(0.02), 10)  # the spinner with the GIL to itself
+        beside_native, call_s = _spins_per_s(lambda: native.run([x]), 8)
+        beside_loader, _ = _spins_per_s(lambda: loader.boxed_run([x]), 8)
+    assert call_s > 0.005, "the call must be long enough to tell holding from releasing"
+    # released: the spinner keeps most of its pace; held: it runs only between calls
+    assert beside_native > 0.4 * alone, (beside_native, alone)
+    assert beside_native > 2.5 * beside_loader, (beside_native, beside_loader)
+
+
+def test_a_released_package_leaves_nothing_extracted(package: tuple[Path, nn.Module, torch.Tensor]) -> None:
+    path, _, x = package
+    native = NativePackage(path)
+    extracted = next(native.folder.rglob("*.so"))
+    assert extracted.exists()
+    with torch.inference_mode():
+        native.run([x])
+    del native
+    gc.collect()
+    assert not extracted.exists()
