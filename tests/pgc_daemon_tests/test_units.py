@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -119,6 +120,32 @@ def test_interleaved_timing_finds_a_two_times_slower_candidate() -> None:
     assert t.ratio_low <= t.ratio <= t.ratio_high
     assert t.speedup == pytest.approx(1 / t.ratio)
     assert t.baseline_ms["p50"] < t.candidate_ms["p50"]
+
+
+def test_interleaved_timing_stops_once_the_decision_is_clear() -> None:
+    """A candidate three times slower is clearly on the wrong side of fp32 (and of the best
+    so far) after the fewest rounds; a close call against the same thresholds is timed to
+    full precision."""
+
+    def base(_x: object) -> None:
+        time.sleep(0.002)
+
+    def slow(_x: object) -> None:
+        time.sleep(0.006)
+
+    jitter = random.Random(7)
+
+    def close(_x: object) -> None:  # as fast as the base on average, noisily
+        time.sleep(jitter.uniform(0.001, 0.003))
+
+    full = interleaved(base, slow, [((None,), {})], min_rounds=8, max_rounds=12, rel_halfwidth=1e-6)
+    assert full.rounds >= 8
+    decided = interleaved(base, slow, [((None,), {})], min_rounds=8, max_rounds=12, rel_halfwidth=1e-6,
+                          decide_at=[1 / 1.05, 0.5])
+    assert decided.rounds == 3 and decided.ratio_low > 1 / 1.05
+    undecided = interleaved(base, close, [((None,), {})], min_rounds=8, max_rounds=12,
+                            rel_halfwidth=1e-6, decide_at=[1.0])
+    assert undecided.rounds >= 8
 
 
 def test_interleaved_needs_inputs() -> None:

@@ -73,6 +73,12 @@ def _call(fn: Callable[..., Any], example: Example) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
+def _decided(mean_log: float, half: float, thresholds: Sequence[float]) -> bool:
+    """Whether the interval ``exp(mean_log ± half)`` lies wholly above or below each ratio."""
+    low, high = mean_log - half, mean_log + half
+    return all(high < math.log(t) or low > math.log(t) for t in thresholds if t > 0)
+
+
 def interleaved(
     baseline: Callable[..., Any],
     candidate: Callable[..., Any],
@@ -86,6 +92,8 @@ def interleaved(
     max_seconds: float = 30.0,
     warmup: int = 2,
     seed: int = 0,
+    decide_at: Sequence[float] = (),
+    min_decided_rounds: int = 3,
 ) -> Timing:
     """Measure ``candidate`` against ``baseline`` on the same inputs, interleaved.
 
@@ -93,6 +101,11 @@ def interleaved(
     ratio is the ratio of block medians. Stops once the 95% interval of the mean log-ratio is
     within ``rel_halfwidth`` (after ``min_rounds``), or at ``max_rounds`` / ``max_seconds``.
     For p95/p99 the ratio is of the arms' percentiles over all calls.
+
+    ``decide_at``: the ratios a decision hangs on (what the candidate must beat: fp32 by the
+    policy's margin, the best variant so far). A sequential test: once the interval lies
+    wholly on one side of every one of them (after ``min_decided_rounds``), more rounds
+    would change no decision, and timing stops. A close call is timed to full precision.
     """
     if not inputs:
         raise ValueError("no inputs to time")
@@ -122,10 +135,12 @@ def interleaved(
             log_ratios.append(
                 math.log(statistics.median(block_ms["cand"]) / statistics.median(block_ms["base"]))
             )
-            if rounds >= min_rounds:
-                sd = statistics.stdev(log_ratios)
-                half = t95(rounds - 1) * sd / math.sqrt(rounds)
-                if half <= math.log1p(rel_halfwidth):
+            if rounds >= max(2, min(min_rounds, min_decided_rounds if decide_at else min_rounds)):
+                mean = statistics.fmean(log_ratios)
+                half = t95(rounds - 1) * statistics.stdev(log_ratios) / math.sqrt(rounds)
+                if rounds >= min_rounds and half <= math.log1p(rel_halfwidth):
+                    break
+                if decide_at and _decided(mean, half, decide_at):
                     break
             if time.monotonic() - started > max_seconds and rounds >= 2:
                 break

@@ -311,7 +311,8 @@ class Search:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     def _evaluate(self, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
-        return evaluate_trial(self, number, params, recipe)
+        ratios = [r.ratio for r in self.finished() if r.state == "complete" and r.feasible and r.ratio]
+        return evaluate_trial(self, number, params, recipe, incumbent=min(ratios, default=None))
 
     # ------------------------------------------------------------------ result
 

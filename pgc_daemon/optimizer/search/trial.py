@@ -36,10 +36,18 @@ class TrialContext(Protocol):
     seed: int
     reference_ms: float | None
 
-def evaluate_trial(self: TrialContext, number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
+def evaluate_trial(
+    self: TrialContext,
+    number: int,
+    params: dict[str, Any],
+    recipe: Recipe,
+    incumbent: float | None = None,
+) -> TrialRecord:
     """Build, warm, check accuracy (quick, then full) and time one trial's recipe against
     fp32 eager; the record says how far it got and why (a broken candidate is a failed
-    trial, never an exception)."""
+    trial, never an exception). ``incumbent``: the ratio of the best feasible trial so far;
+    timing stops once it is clear which side of it (and of fp32 by ``min_speedup``) the
+    candidate falls."""
     t0 = time.monotonic()
     rec = TrialRecord(
         number=number,
@@ -83,6 +91,7 @@ def evaluate_trial(self: TrialContext, number: int, params: dict[str, Any], reci
             percentile=policy.latency_percentile,
             max_seconds=self.max_timing_s,
             seed=self.seed + number,
+            decide_at=[1 / policy.min_speedup] + ([incumbent] if incumbent else []),
         )
         phases["timing"] = time.monotonic() - t
         pct = policy.latency_percentile
