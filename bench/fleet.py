@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import store as st  # noqa: E402
+from pgc_daemon.states import OPEN  # noqa: E402
 
 MODEL = "digits-mlp"
 
@@ -117,8 +118,9 @@ class Clients:
         from pgc_daemon.examples import digits
 
         _, _, xt, _ = digits.data()
-        self.bodies = [json.dumps({"rows": xt[i : i + 64].tolist()}).encode()
-                       for i in range(0, len(xt) - 64, 64)]
+        rows = xt.reshape(len(xt), -1)  # the server takes rows of 64 pixels
+        self.bodies = [json.dumps({"rows": rows[i : i + 64].tolist()}).encode()
+                       for i in range(0, len(rows) - 64, 64)]
         self.ports = ports
         self.ok = self.failed = 0
         self.errors: list[str] = []
@@ -183,6 +185,7 @@ def snapshot(store: st.Store) -> dict[str, Any]:
             "artifact": variant.artifact if variant else None,
             "active_at": active.updated_at if active else None,
             "searches": len(st.repo.list_search_runs(s, model.id)),
+            "open": any(d.state in OPEN for d in st.repo.list_deployments(s, model.id, limit=20)),
             "live": [(r.name, r.variant_id, r.state, r.message, r.started_at) for r in live],
             "compiles": sum(r.compiles for r in replicas),
             "loads": sum(r.loads for r in replicas),
@@ -224,6 +227,8 @@ def run(store_url: str, *, clients: int, timeout: float, trials: int, say: Any) 
         deadline = time.monotonic() + timeout
         snap = snapshot(store)
         while time.monotonic() < deadline:
+            if load.ok == 0 and load.failed >= 20:  # nothing is served: say why, now
+                raise SystemExit(f"every request failed: {load.errors[:2]}")
             snap = snapshot(store)
             everywhere = snap["variant_id"] is not None and not snap["baseline"] and len(snap["live"]) >= 2 and all(
                 v == snap["variant_id"] for _, v, *_ in snap["live"]
@@ -257,8 +262,15 @@ def run(store_url: str, *, clients: int, timeout: float, trials: int, say: Any) 
         out["late_replica_active_s"] = round(late_at - (late_registered or spawned), 2)
         out["late_replica_from_spawn_s"] = round(late_at - spawned, 2)
         load.ports.append(p3)
-        time.sleep(5.0)
-        snap = snapshot(store)
+        # the search may still be deploying better variants: every replica must end up on
+        # whatever is active once no deployment is in flight
+        settle_by = time.monotonic() + 300
+        while True:
+            time.sleep(2.0)
+            snap = snapshot(store)
+            same = bool(snap["live"]) and all(v == snap["variant_id"] for _, v, *_ in snap["live"])
+            if (same and not snap["open"]) or time.monotonic() > settle_by:
+                break
         out["replicas"] = len(snap["live"])
         out["searches"] = snap["searches"]
         out["compiles_in_replicas"] = snap["compiles"]
