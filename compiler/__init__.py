@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from compiler.cache import CacheKey, CompileCache, cache_key
     from compiler.fidelity import METRICS, choose_metric, compare, fidelity
     from compiler.fingerprint import fingerprint
+    from compiler._openvino import search_backends as openvino_backends
     from compiler.hardware import Hardware, probe
     from compiler.parts import Fusion, Kernels, Layout, Partition, ShapeBuckets
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
@@ -49,6 +50,7 @@ _LAZY: dict[str, str] = {
     "compare": "compiler.fidelity",
     "fidelity": "compiler.fidelity",
     "fingerprint": "compiler.fingerprint",
+    "openvino_backends": "compiler._openvino",
     "Hardware": "compiler.hardware",
     "probe": "compiler.hardware",
     "Fusion": "compiler.parts",
@@ -64,6 +66,8 @@ _LAZY: dict[str, str] = {
     "SensitivityReport": "compiler.sensitivity",
     "sensitivity": "compiler.sensitivity",
 }
+#: Public names whose object has another name in its module.
+_RENAMED = {"openvino_backends": "search_backends"}
 
 __all__ = sorted(
     [
@@ -87,7 +91,7 @@ def _load() -> None:
     importlib.import_module("compiler._quiet")  # first: before anything imports torchao
     modules = {m: importlib.import_module(m) for m in set(_LAZY.values())}
     for attr, module in _LAZY.items():
-        globals()[attr] = getattr(modules[module], attr)
+        globals()[attr] = getattr(modules[module], _RENAMED.get(attr, attr))
 
 
 def __dir__() -> list[str]:

@@ -1,4 +1,4 @@
-"""Backend: eager, Inductor through ``torch.compile``, or ONNX Runtime; and the partition
+"""Backend: eager, Inductor through ``torch.compile``, ONNX Runtime or OpenVINO; and the partition
 strategy that decides what one compiled graph holds.
 
 Compiled variants are built with weight freezing (constant folding and prepacked weights),
@@ -232,6 +232,10 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
         from compiler._ort import to_onnxruntime
 
         return to_onnxruntime(model, ctx)
+    if part.kind == "openvino":
+        from compiler._openvino import to_openvino
+
+        return to_openvino(model, ctx)
     if part.kind == "eager":
         if pt2e:
             ctx.report.kernel_paths["<model>"] = (

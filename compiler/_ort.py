@@ -34,7 +34,9 @@ from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
 _QUANT_OPS = ("MatMul", "Gemm", "Conv")
 
 
-def _flat_inputs(module: nn.Module, example: Example) -> tuple[list[str], list[torch.Tensor]]:
+def _flat_inputs(
+    module: nn.Module, example: Example, backend: str = "onnxruntime"
+) -> tuple[list[str], list[torch.Tensor]]:
     args, kwargs = example
     bound = inspect.signature(module.forward).bind(*args, **kwargs)
     names, tensors = [], []
@@ -43,7 +45,7 @@ def _flat_inputs(module: nn.Module, example: Example) -> tuple[list[str], list[t
             names.append(name)
             tensors.append(value)
         elif value is not None:
-            raise BuildError(f"onnxruntime backend: input {name!r} is not a tensor")
+            raise BuildError(f"{backend} backend: input {name!r} is not a tensor")
     return names, tensors
 
 

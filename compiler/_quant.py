@@ -119,6 +119,9 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
     if recipe is not None and recipe.backend.kind == "onnxruntime":
         ctx.state["ort_quantization"] = part
         return model  # ONNX Runtime's quantizer does it on the exported graph
+    if recipe is not None and recipe.backend.kind == "openvino":
+        ctx.state["openvino_quantization"] = part
+        return model  # NNCF does it on the converted model
     plan, cannot = plan_layers(model, part, ctx)
     for name, why in cannot.items():
         ctx.report.skip(name, why)

@@ -1,8 +1,8 @@
 """``build(model, recipe)``: apply a recipe's parts in order to a copy of the model; and
 ``load_artifact``: a variant another process built, loaded without compiling.
 
-A variant built as AOTInductor packages or as an ONNX Runtime model is kept whole in the
-compile cache's artifacts folder (see ``compiler.cache``). ``build`` returns the artifact
+A variant built as AOTInductor packages, an ONNX Runtime model or OpenVINO IR is kept whole in
+the compile cache's artifacts folder (see ``compiler.cache``). ``build`` returns the artifact
 stored for its exact key instead of building; ``load_artifact`` takes one by digest (what a
 worker recorded) and needs only that it fits this process: the same model and recipe, on the
 same kind of machine and libraries. Nothing is compiled either way.
@@ -204,13 +204,22 @@ def _artifact_module(manifest: dict[str, Any], folder: Path, model: nn.Module) -
 
         onnx_bytes = (folder / "model.onnx").read_bytes()
         return load_onnx(onnx_bytes, manifest["input_names"], manifest["out_spec"], model)
+    if kind == "openvino":
+        from compiler._openvino import FILES, load_openvino
+
+        if not set(FILES) <= set(manifest["files"]):  # only files whose checksum was checked
+            raise ValueError("the manifest names IR files it has no checksum for")
+        return load_openvino(
+            folder, manifest["input_names"], manifest["out_spec"], manifest["mode"], model
+        )
     raise ValueError(f"unknown artifact kind {kind!r}")
 
 
 def _store_artifact(
     cache: CompileCache, key: CacheKey, recipe: Recipe, ctx: BuildContext
 ) -> str | None:
-    """Save what the backend left in ``ctx.state["artifact"]`` (packages or an ONNX model)."""
+    """Save what the backend left in ``ctx.state["artifact"]`` (packages, an ONNX model or
+    OpenVINO IR)."""
     made = ctx.state.get("artifact")
     if not made or cache.artifacts is None:
         return None
@@ -223,6 +232,9 @@ def _store_artifact(
     if made["kind"] == "aoti":
         files: dict[str, Path | bytes] = {n: made["folder"] / n for n in made["files"]}
         meta.update(order=list(made["files"]), inputs=made["inputs"])
+    elif made["kind"] == "openvino":
+        files = dict(made["files"])
+        meta.update(input_names=made["input_names"], out_spec=made["out_spec"], mode=made["mode"])
     else:
         files = {"model.onnx": made["onnx"]}
         meta.update(input_names=made["input_names"], out_spec=made["out_spec"])

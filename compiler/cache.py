@@ -6,8 +6,9 @@ process (or after a restart) skips the slow steps.
 - ``graph``: ``compiler.fingerprint(model)`` (module tree, parameter shapes, dtypes, weights);
 - ``recipe``: ``Recipe.hash``;
 - ``calibration``: a digest of the calibration inputs, for recipes that calibrate (static
-  int8); ``-`` otherwise;
-- ``versions``: torch, torchao, triton (and onnxruntime for that backend);
+  int8; any int8 on OpenVINO); ``-`` otherwise;
+- ``versions``: torch, torchao, triton (and onnxruntime, or openvino and nncf, for those
+  backends);
 - ``device``: ``probe().key()`` (CPU model and ISA features, GPU name and capability) and the
   torch CPU capability;
 - ``env``: the environment variables that change code generation (``TORCHINDUCTOR_*``,
@@ -27,7 +28,7 @@ which cut the compile of the same graph in a new process from ~60 s to ~20 s. Wi
 process, built variants are kept (a small LRU), so the same key returns the very same module.
 
 **Artifacts: build once, load everywhere.** A variant built as AOTInductor packages (or an
-ONNX Runtime model) is also saved whole, as an *artifact*: ``artifacts/<key digest>/`` holds
+ONNX Runtime model, or OpenVINO IR) is also saved whole, as an *artifact*: ``artifacts/<key digest>/`` holds
 its files and ``manifest.json`` (the key, the kind, every file's SHA-256, the input signatures
 it was compiled for, the recipe, the build report, its size and age). Another process loads it
 in seconds with ``compiler.load_artifact``, nothing compiled, after checking every checksum and
@@ -117,7 +118,9 @@ def calibration_digest(inputs: Sequence[Example]) -> str:
 
 
 def _calibrates(recipe: Recipe) -> bool:
-    return any(c.scheme == "static" for _, c in recipe.quantization.rules)
+    """Static int8 calibrates; on OpenVINO, NNCF calibrates dynamic int8 layers too."""
+    schemes = ("static", "dynamic") if recipe.backend.kind == "openvino" else ("static",)
+    return any(c.scheme in schemes for _, c in recipe.quantization.rules)
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,8 @@ def cache_key(
         "triton": _version("triton"),
         "onnxruntime": _version("onnxruntime") if recipe.backend.kind == "onnxruntime" else "-",
     }
+    if versions is None and recipe.backend.kind == "openvino":
+        vers.update(openvino=_version("openvino"), nncf=_version("nncf"))
     hw = probe()
     dev = device or f"{hw.key()}|{hw.torch_cpu_capability}|{hw.gpu_capability}"
     env = codegen_env(environ) + (("torch.threads", str(torch.get_num_threads())),)

@@ -1,5 +1,5 @@
-"""Recipe parts beyond per-layer precision and the backend: fusion, layout, hand-written
-kernels, shape buckets and partition strategy.
+"""Recipe parts beyond per-layer precision: the backend, fusion, layout, hand-written kernels,
+shape buckets and partition strategy.
 
 Each part is a frozen dataclass validated in ``__post_init__`` (``RecipeError``, a
 ``ValueError``) with ``to_dict``/``from_dict`` and one transform registered for its type. Every
@@ -34,6 +34,19 @@ class LinearKernel(StrEnum):
     TRITON = "triton"
 
 
+class BackendKind(StrEnum):
+    EAGER = "eager"
+    INDUCTOR = "inductor"
+    ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
+
+
+class BackendMode(StrEnum):
+    DEFAULT = "default"
+    MAX_AUTOTUNE = "max-autotune"
+    F32 = "f32"  # OpenVINO in fp32 (its default: the device's default precision, e.g. bf16)
+
+
 def values(kind: type[StrEnum]) -> tuple[str, ...]:
     """The JSON words of a choice, in declaration order."""
     return tuple(member.value for member in kind)
@@ -43,6 +56,18 @@ MEMORY_FORMATS = values(MemoryFormat)
 PARTITION_STRATEGIES = values(PartitionStrategy)
 LINEAR_KERNELS = values(LinearKernel)
 MAX_BUCKETS = 16
+BACKENDS = values(BackendKind)
+MODES = values(BackendMode)
+#: The modes each backend takes (the first is its default); the API's recipe body says the same.
+BACKEND_MODES: dict[BackendKind, tuple[BackendMode, ...]] = {
+    BackendKind.EAGER: (BackendMode.DEFAULT,),
+    BackendKind.INDUCTOR: (BackendMode.DEFAULT, BackendMode.MAX_AUTOTUNE),
+    BackendKind.ONNXRUNTIME: (BackendMode.DEFAULT,),
+    BackendKind.OPENVINO: (BackendMode.DEFAULT, BackendMode.F32),
+}
+#: How a non-default mode is written after the backend's kind in labels (``inductor-max``,
+#: ``openvino-f32``); :meth:`Backend.label` and :meth:`Backend.parse` are the one mapping.
+MODE_TAGS: dict[BackendMode, str] = {BackendMode.MAX_AUTOTUNE: "max", BackendMode.F32: "f32"}
 
 
 def choice(kind: type[E], value: object, message: str) -> E:
@@ -69,6 +94,48 @@ def _bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise RecipeError(f"{name} must be true or false, not {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How the transformed module runs: eager PyTorch, compiled by Inductor (``default`` or
+    ``max-autotune``), or (optional extras) ONNX Runtime or OpenVINO (``default``: the device's
+    default precision; ``f32``), whose own quantizers (NNCF for OpenVINO) make int8 layers."""
+
+    kind: BackendKind = BackendKind.EAGER
+    mode: BackendMode = BackendMode.DEFAULT
+
+    def __post_init__(self) -> None:
+        kind = choice(BackendKind, self.kind, f"backend must be one of {BACKENDS}, not {self.kind!r}")
+        mode = choice(BackendMode, self.mode, f"backend mode must be one of {MODES}, not {self.mode!r}")
+        if mode not in BACKEND_MODES[kind]:
+            allowed = ", ".join(m.value for m in BACKEND_MODES[kind])
+            raise RecipeError(f"backend {kind} takes mode {allowed}, not {mode}")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "mode", mode)
+
+    def label(self) -> str:
+        """``inductor``, ``inductor-max``, ``openvino-f32``, ...: the kind, and the mode's tag
+        unless it is the default."""
+        tag = MODE_TAGS.get(self.mode)
+        return self.kind.value if tag is None else f"{self.kind.value}-{tag}"
+
+    @classmethod
+    def parse(cls, text: str) -> Backend:
+        """The backend a :meth:`label` names."""
+        kind, _, tag = text.partition("-")
+        mode = next((m for m, t in MODE_TAGS.items() if t == tag), None if tag else BackendMode.DEFAULT)
+        if mode is None:
+            raise RecipeError(f"not a backend label: {text!r} (e.g. inductor, inductor-max, openvino-f32)")
+        return cls(kind, mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "mode": self.mode.value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Backend:
+        only_keys(data, {"kind", "mode"}, "backend")
+        return cls(**dict(data))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ import re2
 
 from compiler._errors import RecipeError
 from compiler.parts import (
+    BACKEND_MODES,
+    Backend,
+    BackendKind,
     Fusion,
     Kernels,
     Layout,
@@ -30,6 +33,14 @@ from compiler.parts import (
     only_keys,
     values,
 )
+
+#: What this module offers; the backend's types live in ``compiler.parts`` and are named here
+#: too, where they were first defined.
+__all__ = [
+    "BACKEND_MODES", "DEFAULT_KEY", "FP32", "GRANULARITIES", "MAX_KEY_CHARS", "PRECISIONS",
+    "REGEX_MAX_MEM", "REGEX_PREFIX", "SCHEMES", "Backend", "BackendKind", "Granularity",
+    "LayerQuant", "Precision", "Quantization", "Recipe", "Scheme",
+]
 
 
 class Precision(StrEnum):
@@ -50,28 +61,9 @@ class Granularity(StrEnum):
     PER_CHANNEL = "per_channel"
 
 
-class BackendKind(StrEnum):
-    EAGER = "eager"
-    INDUCTOR = "inductor"
-    ONNXRUNTIME = "onnxruntime"
-
-
-class BackendMode(StrEnum):
-    DEFAULT = "default"
-    MAX_AUTOTUNE = "max-autotune"
-
-
 PRECISIONS = values(Precision)
 SCHEMES = values(Scheme)
 GRANULARITIES = values(Granularity)
-BACKENDS = values(BackendKind)
-MODES = values(BackendMode)
-#: The modes each backend takes (the first is its default); the API's recipe body says the same.
-BACKEND_MODES: dict[BackendKind, tuple[BackendMode, ...]] = {
-    BackendKind.EAGER: (BackendMode.DEFAULT,),
-    BackendKind.INDUCTOR: (BackendMode.DEFAULT, BackendMode.MAX_AUTOTUNE),
-    BackendKind.ONNXRUNTIME: (BackendMode.DEFAULT,),
-}
 DEFAULT_KEY = "_default"
 REGEX_PREFIX = "re:"
 #: Longest layer key accepted (module names are far shorter; a key is matched against every
@@ -250,32 +242,6 @@ class Quantization:
 
 
 @dataclass(frozen=True)
-class Backend:
-    """How the transformed module runs: eager PyTorch, compiled by Inductor (``default`` or
-    ``max-autotune``), or exported to ONNX and run by ONNX Runtime (optional: needs the
-    ``onnx`` extra; int8 layers are then quantized by ONNX Runtime's own quantizer)."""
-
-    kind: BackendKind = BackendKind.EAGER
-    mode: BackendMode = BackendMode.DEFAULT
-
-    def __post_init__(self) -> None:
-        kind = choice(BackendKind, self.kind, f"backend must be one of {BACKENDS}, not {self.kind!r}")
-        mode = choice(BackendMode, self.mode, f"backend mode must be one of {MODES}, not {self.mode!r}")
-        if mode not in BACKEND_MODES[kind]:
-            raise RecipeError("backend mode applies to inductor only")
-        object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "mode", mode)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "mode": self.mode.value}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Backend:
-        only_keys(data, {"kind", "mode"}, "backend")
-        return cls(**dict(data))
-
-
-@dataclass(frozen=True)
 class Recipe:
     """A whole variant: each field is one part.
 
@@ -373,8 +339,7 @@ class Recipe:
                 for c in others:
                     counts[c.label()] = counts.get(c.label(), 0) + 1
                 head += "+" + ",".join(f"{n} {lbl}" for lbl, n in sorted(counts.items()))
-        kind = self.backend.kind.value
-        back = kind if self.backend.mode is BackendMode.DEFAULT else f"{kind}-max"
+        back = self.backend.label()
         extras = [
             part.label()
             for part in (self.fusion, self.layout, self.kernels, self.buckets, self.partition)

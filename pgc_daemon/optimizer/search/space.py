@@ -30,6 +30,7 @@ from compiler import (
     Recipe,
     SensitivityReport,
     ShapeBuckets,
+    openvino_backends,
 )
 from compiler.recipe import DEFAULT_KEY
 from profiler import parse_key
@@ -89,7 +90,7 @@ class Space:
         quant = (
             Quantization.of(rules) if any(not c.is_identity for c in rules.values()) else Quantization()
         )
-        parts: dict[str, Any] = {"quantization": quant, "backend": Backend(params["backend"])}
+        parts: dict[str, Any] = {"quantization": quant, "backend": Backend.parse(params["backend"])}
         if params.get("graph") == "fused_cl":
             parts.update(fusion=FUSED, layout=CHANNELS_LAST)
         if params.get("buckets") == "live" and self.bucket_sizes:
@@ -115,16 +116,15 @@ class Space:
         backend). Used to warm-start a study from another study's best recipes."""
         rules = dict(recipe.quantization.rules)
         default = rules.pop(DEFAULT_KEY, LayerQuant()).label()
-        if default not in self.default_choices or recipe.backend.kind not in self.backends:
-            return None
-        if recipe.backend.mode != "default":
+        backend = recipe.backend.label()
+        if default not in self.default_choices or backend not in self.backends:
             return None
         layers: dict[str, str] = {}
         for key, choice in rules.items():
             if key not in self.hot_layers or choice.label() not in self.choices_of(key):
                 return None
             layers[key] = choice.label()
-        params = self.params(default, recipe.backend.kind, **layers)
+        params = self.params(default, backend, **layers)
         if self.graph_choices and recipe.fusion.is_identity and recipe.layout.is_identity:
             params["graph"] = "as_is"
         if self.bucket_sizes and recipe.buckets.is_identity:
@@ -334,12 +334,18 @@ def build_space(
 
 
 def backends_for() -> tuple[str, ...]:
-    """Inductor and eager everywhere; ONNX Runtime where it is installed."""
+    """Inductor and eager everywhere; ONNX Runtime and OpenVINO where they are installed
+    (OpenVINO as ``openvino`` and, where its default precision is not f32, ``openvino-f32``).
+    Each is a :meth:`Backend.label`, which :meth:`Space.recipe` parses back."""
+    out = ["inductor", "eager"]
     try:
         import onnxruntime  # noqa: F401, PLC0415
     except ImportError:
-        return ("inductor", "eager")
-    return ("inductor", "eager", "onnxruntime")
+        pass
+    else:
+        out.append("onnxruntime")
+    out += [b.label() for b in openvino_backends()]
+    return tuple(out)
 
 
 def live_buckets(shapes: dict[str, int], *, min_share: float = 0.02) -> tuple[int, ...]:
