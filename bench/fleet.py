@@ -111,16 +111,21 @@ class Fleet:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
+def request_bodies() -> list[bytes]:
+    """``/predict`` bodies of ``examples/fastapi_server.py``: batches of 64 rows of 64 pixels
+    from the digits test set (which is shaped for the CNN: flattened here)."""
+    from pgc_daemon.examples import digits
+
+    _, _, xt, _ = digits.data()
+    rows = xt.reshape(len(xt), -1)
+    return [json.dumps({"rows": rows[i : i + 64].tolist()}).encode() for i in range(0, len(rows) - 64, 64)]
+
+
 class Clients:
     """Client threads posting batches to the servers' /predict, counting every failure."""
 
     def __init__(self, ports: list[int], n: int) -> None:
-        from pgc_daemon.examples import digits
-
-        _, _, xt, _ = digits.data()
-        rows = xt.reshape(len(xt), -1)  # the server takes rows of 64 pixels
-        self.bodies = [json.dumps({"rows": rows[i : i + 64].tolist()}).encode()
-                       for i in range(0, len(rows) - 64, 64)]
+        self.bodies = request_bodies()
         self.ports = ports
         self.ok = self.failed = 0
         self.errors: list[str] = []
