@@ -246,3 +246,22 @@ def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_tra
     assert not mlp.graph_choices and mlp.bucket_sizes == (64, 128)
     bucketed = mlp.recipe(mlp.params("int8-dynamic-pc", "inductor"))
     assert bucketed.buckets == ShapeBuckets((64, 128))
+
+
+def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -> None:
+    """Beside serving traffic both arms are timed at one intra-op thread (OpenMP barriers of a
+    preempted two-thread team inflate fp32 eager far more than a compiled variant); a backend
+    with its own thread pool is timed with fp32 at the count it was built for."""
+    from compiler import Backend, Recipe
+    from pgc_daemon.optimizer.search.runner import LIVE_TIMING_THREADS
+    from pgc_daemon.optimizer.search.trial import timing_threads
+
+    before = torch.get_num_threads()
+    inductor = Recipe(backend=Backend("inductor"))
+    with timing_threads(LIVE_TIMING_THREADS, inductor):
+        assert torch.get_num_threads() == LIVE_TIMING_THREADS == 1
+    assert torch.get_num_threads() == before
+    with timing_threads(1, Recipe(backend=Backend("onnxruntime"))):
+        assert torch.get_num_threads() == before
+    with timing_threads(None, inductor):
+        assert torch.get_num_threads() == before

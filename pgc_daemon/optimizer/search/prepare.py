@@ -93,6 +93,7 @@ def make_search(
     seed: int = 0,
     policy_version: int | None = None,
     early: bool = False,
+    timing_threads: int | None = None,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
     baselines (and warm-start recipes) enqueued first.
@@ -127,6 +128,7 @@ def make_search(
         reference_ms=reference_ms,
         cache=cache,
         policy_version=policy_version,
+        timing_threads=timing_threads,
     )
     if not early:
         settle(search, space, policy=policy, sensitivity=sensitivity, warm_start=warm_start)

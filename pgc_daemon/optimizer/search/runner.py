@@ -53,6 +53,9 @@ from pgc_daemon.services.queries import busy_intervals
 log = logging.getLogger("pgc.search")
 
 MIN_INPUTS = 8
+#: A live search shares the host with the serving processes: it times at one intra-op thread
+#: (see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`).
+LIVE_TIMING_THREADS = 1
 
 
 def warm_start_recipes(s: Session, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
@@ -172,6 +175,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         reference_ms=reference_ms,
         cache=CompileCache(settings.compile_cache_path(), artifacts=settings.artifact_path()),
         early=report is None,
+        timing_threads=LIVE_TIMING_THREADS,
     )
     finished = search.finished()
     resumed = len(finished)

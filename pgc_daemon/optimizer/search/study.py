@@ -123,6 +123,7 @@ class Search:
         reference_ms: float | None = None,
         cache: CompileCache | None = None,
         policy_version: int | None = None,
+        timing_threads: int | None = None,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -131,7 +132,9 @@ class Search:
 
         ``sampler`` and ``evaluate`` replace TPE and the real build-and-measure step (the
         search benchmark replays strategies over a table of real measurements with them).
-        ``policy_version``: stamped on every trial this search evaluates."""
+        ``policy_version``: stamped on every trial this search evaluates. ``timing_threads``:
+        intra-op threads of both arms while timing (None: as they are; a live search beside
+        serving traffic times at one, see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`)."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -148,6 +151,7 @@ class Search:
         self.cache = cache
         self.seed = seed
         self.policy_version = policy_version
+        self.timing_threads = timing_threads
 
     # ------------------------------------------------------------------ running
 
