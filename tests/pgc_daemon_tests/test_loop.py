@@ -62,9 +62,12 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
             assert any(t.state == "complete" and t.feasible for t in trials)
             run = st.repo.list_search_runs(s, model.id)[0]
             assert run.state == "done"
-            # what serves is the run's final choice, or the final choice did not beat it
+            # what serves is the run's final choice, or the run says why not: the choice did
+            # not beat what serves, or its canary rolled it back while searching
             kept = [e for e in st.repo.list_events(s, model.id, kind="kept") if e.at >= run.finished_at]
-            assert run.chosen_variant_id == dep.variant_id or kept, (run.message, dep.reason)
+            lost = [d for d in st.repo.list_deployments(s, model.id)
+                    if d.variant_id == run.chosen_variant_id and d.state == "rolled_back"]
+            assert run.chosen_variant_id == dep.variant_id or kept or lost, (run.message, dep.reason)
             full = st.repo.get_deployment(s, dep.id)
             assert [t.to_state for t in full.transitions] == [
                 "candidate", "building", "warming", "verifying", "canary", "active"

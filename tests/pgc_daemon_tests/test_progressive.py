@@ -221,6 +221,37 @@ def test_the_final_choice_waits_for_the_open_deployment_then_replaces_it(store: 
         assert "is not 1.20x faster than what serves (2.50x)" in st.repo.list_events(s, model_id, kind="kept")[0].message
 
 
+def test_a_final_choice_rolled_back_while_searching_says_why_the_current_module_stays(store: st.Store) -> None:
+    """The run's final choice went out while searching and its canary rolled it back: the
+    run ends with a ``kept`` event that names it and the rollback, not in silence (seen in CI:
+    a search's 3.99x choice lost its canary 1.60x slower, and nothing said why it was not
+    serving)."""
+    model_id, run_id = _model(store)
+    p = Progressive(store, model_id, run_id, Policy(), budget=3)
+    dep_id = p.offer(_rec(1, 3.0), 1)
+    assert dep_id is not None
+    with store.session() as s:
+        for step in (D.BUILDING, D.WARMING, D.VERIFYING, D.CANARY):
+            states.move(s, dep_id, step, str(step))
+        states.move(s, dep_id, D.ROLLED_BACK, "live latency 0.86 ms vs 0.54 ms for the control")
+    assert p.finish(_rec(1, 3.0)) is None
+    assert len(_deployments(store, model_id)) == 1  # not proposed twice
+    with store.session() as s:
+        kept = [e.message for e in st.repo.list_events(s, model_id, kind="kept")]
+    assert kept == [
+        f"kept the current module: the run's choice {RECIPES[1].label()} was rolled back while searching "
+        f"(deployment {dep_id}: live latency 0.86 ms vs 0.54 ms for the control)"
+    ]
+    # a final choice that was deployed and serves says nothing more
+    second = Progressive(store, model_id, run_id, Policy(), budget=3)
+    other = second.offer(_rec(2, 4.0), 1)
+    assert other is not None
+    _activate(store, other)
+    assert second.finish(_rec(2, 4.0)) is None
+    with store.session() as s:
+        assert len(st.repo.list_events(s, model_id, kind="kept")) == 1
+
+
 # --------------------------------------------------------------------------- artifacts
 
 

@@ -36,7 +36,7 @@ from pgc_daemon.services.deployments import (
     propose_while_searching,
     standing,
 )
-from pgc_daemon.states import STALE_AFTER_S
+from pgc_daemon.states import STALE_AFTER_S, D
 
 log = logging.getLogger("pgc.search")
 
@@ -49,6 +49,8 @@ FINAL_WAIT_S = 600.0
 FINAL_POLL_S = 1.0
 
 _BASE_HASH = Recipe().hash
+#: How a deployment ends without serving.
+_LOST = frozenset({D.FAILED, D.ROLLED_BACK, D.CANCELLED})
 
 
 def eligible(rec: TrialRecord, policy: Policy) -> bool:
@@ -179,11 +181,29 @@ class Progressive:
         if chosen is None:
             return None
         if chosen.recipe_hash in self.proposed:
+            self._explain_lost(chosen, self.proposed[chosen.recipe_hash])
             return None  # its deployment (and what came of it) is in the history already
         final = proposal(chosen)
         if self.policy.auto_deploy and chosen.recipe_hash != _BASE_HASH:
             self._wait_for_open(final, wait_s)
         return propose(self.store, self.model_id, final, self.policy, run_id=self.run_id)
+
+    def _explain_lost(self, chosen: TrialRecord, deployment_id: int) -> None:
+        """The final choice was deployed while searching and did not end up serving (its
+        canary rolled it back, it failed or was cancelled): say so, as :func:`propose` says
+        why it keeps the current module, so the run's outcome is never silent."""
+        with self.store.session() as s:
+            dep = st.repo.get_deployment(s, deployment_id)
+            if dep.state not in _LOST:
+                return  # serving, replaced by a better one, or still open: the history says
+            ended = str(dep.state).replace("_", " ")
+            st.repo.add_event(
+                s,
+                self.model_id,
+                "kept",
+                f"kept the current module: the run's choice {chosen.label} was {ended} "
+                f"while searching (deployment {dep.id}: {dep.reason or 'no reason recorded'})",
+            )
 
     def _wait_for_open(self, final: Proposal, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
