@@ -190,12 +190,13 @@ def request_summary(
         func.sum(r.sampled),
         func.sum(r.dropped),
         func.sum(r.overhead * weighted),
+        func.sum(r.window_end - r.window_start),
     ).where(r.model_id == model_id, r.window_end >= since)
     if variant_id is not None:
         q = q.where(r.variant_id == variant_id)
     for start, end in exclude:
         q = q.where(not_(and_(r.window_start < end, r.window_end > start)))
-    windows, n, errors, fallbacks, busy, p50, p95, p99, sampled, dropped, cost = s.execute(q).one()
+    windows, n, errors, fallbacks, busy, p50, p95, p99, sampled, dropped, cost, span = s.execute(q).one()
     if not n:
         return None
     n = int(n)
@@ -212,6 +213,9 @@ def request_summary(
         "sampled": int(sampled or 0),
         "dropped": int(dropped or 0),
         "overhead": float(cost or 0.0) / busy if busy else 0.0,
+        # window time summed over windows, each of one serving process: count / seconds is
+        # a process's arrival rate
+        "seconds": float(span or 0.0),
     }
 
 

@@ -265,3 +265,33 @@ def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -
         assert torch.get_num_threads() == before
     with timing_threads(None, inductor):
         assert torch.get_num_threads() == before
+
+
+def test_timing_leaves_the_live_gap_between_calls() -> None:
+    """A candidate that pays after idle time (cold caches, sleeping OpenMP threads) is timed
+    as live traffic meets it when calls are spaced by the live gap, and flattered back to
+    back."""
+    last = [0.0]
+
+    def base(_x: object) -> None:
+        time.sleep(0.004)
+
+    def cold_after_idle(_x: object) -> None:
+        idle = time.monotonic() - last[0] > 0.01
+        time.sleep(0.002 + (0.002 if idle else 0.0))
+        last[0] = time.monotonic()
+
+    inputs = [((None,), {})]
+    packed = interleaved(base, cold_after_idle, inputs, block=3, min_rounds=6, max_rounds=8)
+    spaced = interleaved(base, cold_after_idle, inputs, block=3, min_rounds=6, max_rounds=8, gap_s=0.02)
+    assert packed.ratio < 0.8 < 0.85 < spaced.ratio
+
+
+def test_the_live_gap_is_the_idle_time_between_one_processs_requests() -> None:
+    from pgc_daemon.optimizer.search.runner import MAX_TIMING_GAP_S, live_gap_s
+
+    # 100 calls in 5 s of windows: one every 50 ms, 10 ms each, so 40 ms idle
+    assert live_gap_s({"count": 100, "seconds": 5.0, "mean_ms": 10.0}) == pytest.approx(0.04)
+    assert live_gap_s({"count": 10, "seconds": 60.0, "mean_ms": 10.0}) == MAX_TIMING_GAP_S
+    assert live_gap_s({"count": 1000, "seconds": 5.0, "mean_ms": 10.0}) == 0.0  # saturated
+    assert live_gap_s(None) == 0.0

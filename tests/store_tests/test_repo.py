@@ -68,8 +68,10 @@ def test_request_summary_weights_windows_by_count_and_excludes_intervals(any_sto
         summ = repo.request_summary(s, mid, variant_id=v)
         assert summ["count"] == 40
         assert summ["p50_ms"] == pytest.approx((10 * 10 + 30 * 20) / 40)
+        assert summ["seconds"] == pytest.approx(20.0)  # two 10 s windows: 2 requests/s
         quiet = repo.request_summary(s, mid, variant_id=v, exclude=[(112, 115)])
         assert quiet["count"] == 10 and quiet["p50_ms"] == pytest.approx(10.0)
+        assert quiet["seconds"] == pytest.approx(10.0)
         assert repo.request_summary(s, mid, variant_id=v + 1) is None
         assert repo.shape_histogram(s, mid) == {"b1 s128": 40}
 
@@ -204,6 +206,7 @@ def _summary_in_python(
         "sampled": sum(w.sampled for w in windows),
         "dropped": sum(w.dropped for w in windows),
         "overhead": sum(w.overhead * w.mean_ms * w.count for w in windows) / busy if busy else 0.0,
+        "seconds": sum(w.window_end - w.window_start for w in windows),
     }
 
 

@@ -94,6 +94,7 @@ def interleaved(
     seed: int = 0,
     decide_at: Sequence[float] = (),
     min_decided_rounds: int = 3,
+    gap_s: float = 0.0,
 ) -> Timing:
     """Measure ``candidate`` against ``baseline`` on the same inputs, interleaved.
 
@@ -128,6 +129,8 @@ def interleaved(
                 times = []
                 for b in range(block):
                     times.append(_call(arms[arm], inputs[(i + b) % len(inputs)]))
+                    if gap_s > 0:
+                        time.sleep(gap_s)
                 block_ms[arm] = times
                 samples[arm].extend(times)
             i += block

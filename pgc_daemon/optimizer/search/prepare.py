@@ -94,6 +94,7 @@ def make_search(
     policy_version: int | None = None,
     early: bool = False,
     timing_threads: int | None = None,
+    timing_gap_s: float = 0.0,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
     baselines (and warm-start recipes) enqueued first.
@@ -129,6 +130,7 @@ def make_search(
         cache=cache,
         policy_version=policy_version,
         timing_threads=timing_threads,
+        timing_gap_s=timing_gap_s,
     )
     if not early:
         settle(search, space, policy=policy, sensitivity=sensitivity, warm_start=warm_start)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 from sqlalchemy.orm import Session
@@ -56,6 +56,18 @@ MIN_INPUTS = 8
 #: A live search shares the host with the serving processes: it times at one intra-op thread
 #: (see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`).
 LIVE_TIMING_THREADS = 1
+#: The longest idle gap left between timed calls (a slow arrival rate must not make every
+#: trial minutes long; caches are as cold at 100 ms as at a second).
+MAX_TIMING_GAP_S = 0.1
+
+
+def live_gap_s(live: dict[str, Any] | None) -> float:
+    """The idle time between one serving process's live requests: its inter-arrival time
+    less the mean call, within ``[0, MAX_TIMING_GAP_S]`` (0: no live traffic to go by)."""
+    if not live or not live.get("count") or not live.get("seconds"):
+        return 0.0
+    idle = live["seconds"] / live["count"] - live["mean_ms"] / 1000
+    return min(max(idle, 0.0), MAX_TIMING_GAP_S)
 
 
 def warm_start_recipes(s: Session, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
@@ -176,6 +188,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         cache=CompileCache(settings.compile_cache_path(), artifacts=settings.artifact_path()),
         early=report is None,
         timing_threads=LIVE_TIMING_THREADS,
+        timing_gap_s=live_gap_s(live),
     )
     finished = search.finished()
     resumed = len(finished)

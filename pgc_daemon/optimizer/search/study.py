@@ -124,6 +124,7 @@ class Search:
         cache: CompileCache | None = None,
         policy_version: int | None = None,
         timing_threads: int | None = None,
+        timing_gap_s: float = 0.0,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -134,7 +135,8 @@ class Search:
         search benchmark replays strategies over a table of real measurements with them).
         ``policy_version``: stamped on every trial this search evaluates. ``timing_threads``:
         intra-op threads of both arms while timing (None: as they are; a live search beside
-        serving traffic times at one, see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`)."""
+        serving traffic times at one, see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`).
+        ``timing_gap_s``: idle time after each timed call, as between live requests."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -152,6 +154,7 @@ class Search:
         self.seed = seed
         self.policy_version = policy_version
         self.timing_threads = timing_threads
+        self.timing_gap_s = timing_gap_s
 
     # ------------------------------------------------------------------ running
 

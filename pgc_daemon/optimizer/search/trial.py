@@ -37,6 +37,7 @@ class TrialContext(Protocol):
     seed: int
     reference_ms: float | None
     timing_threads: int | None
+    timing_gap_s: float
 
 #: Backends whose thread pool is torch's (the timing thread count applies to both arms).
 TORCH_THREADED = ("inductor", "eager")
@@ -119,6 +120,7 @@ def evaluate_trial(
                 max_seconds=self.max_timing_s,
                 seed=self.seed + number,
                 decide_at=[1 / policy.min_speedup] + ([incumbent] if incumbent else []),
+                gap_s=self.timing_gap_s,
             )
         phases["timing"] = time.monotonic() - t
         pct = policy.latency_percentile
