@@ -265,6 +265,40 @@ def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -
         assert torch.get_num_threads() == before
     with timing_threads(None, inductor):
         assert torch.get_num_threads() == before
+    # ... and read on the timing thread's CPU clock where both arms run wholly on it
+    from pgc_daemon.optimizer.search.trial import timing_clock
+
+    assert timing_clock(LIVE_TIMING_THREADS, inductor) == "thread"
+    assert timing_clock(LIVE_TIMING_THREADS, Recipe(backend=Backend("eager"))) == "thread"
+    assert timing_clock(1, Recipe(backend=Backend("onnxruntime"))) == "wall"  # its own pool
+    assert timing_clock(None, inductor) == "wall"  # offline: threads as they are
+
+
+def _spin(ms: float) -> None:
+    end = time.thread_time() + ms / 1000
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_thread_clock_times_a_call_without_the_time_it_lost_its_core() -> None:
+    """A call that loses its core for a while (here: it sleeps, as a preempted thread waits)
+    costs only its own CPU time on the thread clock; on the wall clock the lost time counts,
+    and a long arm loses more of it under load than a short one."""
+
+    def base(_x: object) -> None:
+        _spin(4.0)
+
+    def preempted(_x: object) -> None:  # 2 ms of work, 5 ms without the core
+        _spin(1.0)
+        time.sleep(0.005)
+        _spin(1.0)
+
+    inputs = [((None,), {})]
+    wall = interleaved(base, preempted, inputs, min_rounds=4, max_rounds=6)
+    cpu = interleaved(base, preempted, inputs, min_rounds=4, max_rounds=6, clock="thread")
+    assert wall.ratio > 1.4 and wall.clock == "wall"
+    assert 0.4 < cpu.ratio < 0.6 and cpu.clock == "thread"
+    assert cpu.to_dict()["clock"] == "thread"
 
 
 def test_timing_leaves_the_live_gap_between_calls() -> None:
@@ -288,10 +322,12 @@ def test_timing_leaves_the_live_gap_between_calls() -> None:
 
 
 def test_the_live_gap_is_the_idle_time_between_one_processs_requests() -> None:
-    from pgc_daemon.optimizer.search.runner import MAX_TIMING_GAP_S, live_gap_s
+    from pgc_daemon.optimizer.search.runner import MAX_GAP_PER_CALL, MAX_TIMING_GAP_S, live_gap_s
 
     # 100 calls in 5 s of windows: one every 50 ms, 10 ms each, so 40 ms idle
     assert live_gap_s({"count": 100, "seconds": 5.0, "mean_ms": 10.0}) == pytest.approx(0.04)
-    assert live_gap_s({"count": 10, "seconds": 60.0, "mean_ms": 10.0}) == MAX_TIMING_GAP_S
+    assert live_gap_s({"count": 10, "seconds": 60.0, "mean_ms": 30.0}) == MAX_TIMING_GAP_S
+    # a short call is spaced by a few calls' time, not by the whole idle gap
+    assert live_gap_s({"count": 100, "seconds": 5.0, "mean_ms": 0.5}) == pytest.approx(MAX_GAP_PER_CALL * 0.0005)
     assert live_gap_s({"count": 1000, "seconds": 5.0, "mean_ms": 10.0}) == 0.0  # saturated
     assert live_gap_s(None) == 0.0

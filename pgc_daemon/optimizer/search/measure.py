@@ -44,6 +44,8 @@ class Timing:
     rounds: int
     baseline_ms: dict[str, float]
     candidate_ms: dict[str, float]
+    clock: str = "wall"
+    """What the milliseconds are: ``wall`` time or the calling ``thread``'s CPU time."""
 
     @property
     def speedup(self) -> float:
@@ -57,6 +59,7 @@ class Timing:
             "speedup": self.speedup,
             "baseline_ms": self.baseline_ms,
             "candidate_ms": self.candidate_ms,
+            "clock": self.clock,
         }
 
 
@@ -66,11 +69,19 @@ def _pcts(samples: Sequence[float]) -> dict[str, float]:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(a.mean())}
 
 
-def _call(fn: Callable[..., Any], example: Example) -> float:
+#: What a call's time is read from: ``wall`` (``perf_counter``), or ``thread``: the CPU time
+#: of the calling thread, for arms that run wholly on it (one intra-op thread). A thread's CPU
+#: clock does not run while another process holds its core, so a preempted call costs what it
+#: would alone; on wall time a preemption lands more often in a long call than a short one
+#: (fp32 rather than int8), and a block's median then flatters the short arm.
+CLOCKS: dict[str, Callable[[], int]] = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
+
+
+def _call(fn: Callable[..., Any], example: Example, clock: Callable[[], int] = time.perf_counter_ns) -> float:
     args, kwargs = example
-    t0 = time.perf_counter_ns()
+    t0 = clock()
     fn(*args, **kwargs)
-    return (time.perf_counter_ns() - t0) / 1e6
+    return (clock() - t0) / 1e6
 
 
 def _decided(mean_log: float, half: float, thresholds: Sequence[float]) -> bool:
@@ -95,6 +106,7 @@ def interleaved(
     decide_at: Sequence[float] = (),
     min_decided_rounds: int = 3,
     gap_s: float = 0.0,
+    clock: str = "wall",
 ) -> Timing:
     """Measure ``candidate`` against ``baseline`` on the same inputs, interleaved.
 
@@ -107,9 +119,13 @@ def interleaved(
     policy's margin, the best variant so far). A sequential test: once the interval lies
     wholly on one side of every one of them (after ``min_decided_rounds``), more rounds
     would change no decision, and timing stops. A close call is timed to full precision.
+
+    ``gap_s``: idle time after each call, as between live requests (caches and thread pools
+    go cold in it). ``clock``: one of :data:`CLOCKS`.
     """
     if not inputs:
         raise ValueError("no inputs to time")
+    read = CLOCKS[clock]
     rng = random.Random(seed)
     arms = {"base": baseline, "cand": candidate}
     samples: dict[str, list[float]] = {"base": [], "cand": []}
@@ -119,7 +135,7 @@ def interleaved(
     with torch.inference_mode():
         for _ in range(warmup):
             for fn in arms.values():
-                _call(fn, inputs[0])
+                _call(fn, inputs[0], read)
         rounds = 0
         while rounds < max_rounds:
             order = ["base", "cand"]
@@ -128,7 +144,7 @@ def interleaved(
             for arm in order:
                 times = []
                 for b in range(block):
-                    times.append(_call(arms[arm], inputs[(i + b) % len(inputs)]))
+                    times.append(_call(arms[arm], inputs[(i + b) % len(inputs)], read))
                     if gap_s > 0:
                         time.sleep(gap_s)
                 block_ms[arm] = times
@@ -160,4 +176,4 @@ def interleaved(
     else:
         ratio = cand[percentile] / base[percentile]
         low, high = ratio * math.exp(-half), ratio * math.exp(half)
-    return Timing(ratio, low, high, len(log_ratios), base, cand)
+    return Timing(ratio, low, high, len(log_ratios), base, cand, clock)

@@ -59,15 +59,20 @@ LIVE_TIMING_THREADS = 1
 #: The longest idle gap left between timed calls (a slow arrival rate must not make every
 #: trial minutes long; caches are as cold at 100 ms as at a second).
 MAX_TIMING_GAP_S = 0.1
+#: ... and at most this many times the mean live call: a 0.5 ms call spaced by 40 ms would
+#: spend 99% of its timing budget asleep and come out of it with too few calls to decide.
+MAX_GAP_PER_CALL = 4.0
 
 
 def live_gap_s(live: dict[str, Any] | None) -> float:
     """The idle time between one serving process's live requests: its inter-arrival time
-    less the mean call, within ``[0, MAX_TIMING_GAP_S]`` (0: no live traffic to go by)."""
+    less the mean call, within ``[0, MAX_TIMING_GAP_S]`` and at most ``MAX_GAP_PER_CALL``
+    mean calls (0: no live traffic to go by)."""
     if not live or not live.get("count") or not live.get("seconds"):
         return 0.0
-    idle = live["seconds"] / live["count"] - live["mean_ms"] / 1000
-    return min(max(idle, 0.0), MAX_TIMING_GAP_S)
+    call_s = live["mean_ms"] / 1000
+    idle = live["seconds"] / live["count"] - call_s
+    return min(max(idle, 0.0), MAX_TIMING_GAP_S, MAX_GAP_PER_CALL * call_s)
 
 
 def warm_start_recipes(s: Session, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
