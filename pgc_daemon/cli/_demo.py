@@ -38,10 +38,45 @@ class DemoOptions:
     duration: float | None = None
     serve: bool = True
     json: bool = False
-    rate: float = 20.0
+    rate: float | None = None
+    """Requests per second; None: :func:`load_rate` of fp32's latency on this machine."""
     clients: int = 2
     trials: int = 6
     max_drop: float = 0.01
+
+
+#: The demo's default load keeps fp32 serving this busy (one request at a time) ...
+LOAD_SHARE = 0.5
+#: ... at most this many requests per second.
+MAX_RATE = 20.0
+
+
+def load_rate(fp32_ms: float) -> float:
+    """Requests per second that keep a server of fp32 calls of ``fp32_ms`` ``LOAD_SHARE``
+    busy. A fixed rate saturates a slower machine: requests queue, the niced search worker
+    gets no CPU and nothing deploys in the demo's time (seen on a 2-core VM whose fp32 call
+    went from 28 to 33 ms: fp32 then served at 82 ms p50 and the first trial took 216 s)."""
+    return min(MAX_RATE, LOAD_SHARE * 1000.0 / max(fp32_ms, 1e-3))
+
+
+def fp32_latency_ms(model: Any, calls: int = 8) -> float:
+    """Median latency of ``model`` on the demo's requests, after two warm-up calls."""
+    import statistics
+
+    import torch
+
+    from pgc_daemon.examples import minilm
+
+    stream = minilm.traffic(seed=99)
+    times = []
+    with torch.inference_mode():
+        for i in range(calls + 2):
+            ids, mask = next(stream)
+            t0 = time.perf_counter()
+            model(ids, mask)
+            if i >= 2:
+                times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
 
 
 class Traffic:
@@ -148,6 +183,7 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
     from pgc_daemon.examples import minilm
 
     model = minilm.load_model()
+    fp32_ms = fp32_latency_ms(model)
     policy = Policy(max_accuracy_drop=options.max_drop, max_trials=options.trials, canary_s=15.0)
     served = attach(model, name=MODEL_NAME, spec=SPEC, store=store, settings=settings, policy=policy)
     attached_at = time.time()
@@ -163,7 +199,12 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
     if options.serve:
         server, url = _start_api(settings, store, daemon)
     daemon.start()
-    traffic = Traffic(served, options.rate, options.clients)
+    rate = options.rate or load_rate(fp32_ms)
+    console.print(
+        f"traffic: {rate:.1f} requests/s from {options.clients} client(s)"
+        + ("" if options.rate else f" (fp32 takes {fp32_ms:.1f} ms here: half busy)")
+    )
+    traffic = Traffic(served, rate, options.clients)
     traffic.start()
     settled_at = None
     line = "starting"
@@ -316,6 +357,7 @@ def _report(
         "url": url,
         "elapsed_s": round(elapsed, 1),
         "requests": traffic.sent,
+        "rate": traffic.rate,
         "failed_requests": traffic.failed,
         "baseline_p50_ms": base.get("p50_ms"),
         "baseline_p95_ms": base.get("p95_ms"),

@@ -28,6 +28,7 @@ def test_help_lists_the_commands() -> None:
     [
         ["demo", "--duration", "-5"],
         ["demo", "--max-drop", "3"],
+        ["demo", "--rate", "0"],
         ["serve", "--store", "mysql://x/y"],
         ["serve", "--host", "0.0.0.0"],  # off loopback without --allow-remote
         ["serve", "--token-file", "missing-token"],
@@ -39,6 +40,18 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], tmp_path: Path) -> No
     lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "error" in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_the_demo_loads_a_machine_by_what_fp32_costs_there() -> None:
+    """A fixed 20 requests/s saturated a VM whose fp32 call slowed from 28 to 33 ms (fp32 then
+    served at 82 ms p50, and the starved search deployed nothing in the demo's time): the
+    default rate keeps fp32 serving half busy, up to 20/s."""
+    from pgc_daemon.cli._demo import LOAD_SHARE, MAX_RATE, load_rate
+
+    assert load_rate(33.0) == pytest.approx(LOAD_SHARE * 1000 / 33.0)
+    assert load_rate(33.0) * 0.033 == pytest.approx(LOAD_SHARE)
+    assert load_rate(60.0) < load_rate(33.0) < MAX_RATE
+    assert load_rate(5.0) == MAX_RATE  # a fast machine is not flooded
 
 
 def test_unknown_command_is_a_usage_error() -> None:
