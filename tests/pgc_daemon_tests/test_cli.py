@@ -46,7 +46,7 @@ def test_the_demo_loads_a_machine_by_what_fp32_costs_there() -> None:
     """A fixed 20 requests/s saturated a VM whose fp32 call slowed from 28 to 33 ms (fp32 then
     served at 82 ms p50, and the starved search deployed nothing in the demo's time): the
     default rate keeps fp32 serving half busy, up to 20/s."""
-    from pgc_daemon.cli._demo import LOAD_SHARE, MAX_RATE, load_rate
+    from pgc_daemon.cli._demo_traffic import LOAD_SHARE, MAX_RATE, load_rate
 
     assert load_rate(33.0) == pytest.approx(LOAD_SHARE * 1000 / 33.0)
     assert load_rate(33.0) * 0.033 == pytest.approx(LOAD_SHARE)

@@ -11,7 +11,7 @@ import torch
 
 from pgc_daemon import attach
 from pgc_daemon.agent.slot import Slot
-from pgc_daemon.cli._demo import live_ab
+from pgc_daemon.cli._demo_traffic import live_ab
 from pgc_daemon.settings import Settings
 
 from .helpers import wait_for
