@@ -44,11 +44,18 @@ def test_replaced_variants_are_collected(mlp_spec: dict, settings: Settings) -> 
         served.swap(Slot(rejected, 200, "rejected", True, 200, control=current))
         served.swap(current)
         del rejected, current
+        # The agent's follower may put back what the store says serves (the base: these
+        # variants are not in the store) at any moment (seen in CI); then nothing of them
+        # may stay alive. Which one serves is read around the check, as an id (no reference).
+        before = served.slot.variant_id
         gc.collect()
         alive = [i for i, r in enumerate(refs) if r() is not None]
-        assert alive == [4], f"variants still referenced: {alive}"
+        after = served.slot.variant_id
+        serving = [[i for i in range(5) if 100 + i == v] for v in (before, after)]
+        assert alive in serving, f"variants still referenced: {alive}"
         assert rejected_ref() is None
-        assert served.profiler.watched == 2  # the base and the variant serving now
+        # the base, and the variant serving now if it is not the base
+        assert served.profiler.watched in {1 + bool(v) for v in serving}
     finally:
         served.close()
 
