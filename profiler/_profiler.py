@@ -547,11 +547,12 @@ class Profiler:
         self._host_rows.append(row)
         del self._host_rows[:-1000]
         if warning is not None:
-            self._event("leak", "warning", warning.message(), warning.to_dict())
+            self.event("leak", "warning", warning.message(), warning.to_dict())
         self.aggregator.add_background(_perf_ns() - t0)
         return row
 
-    def _event(self, kind: str, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+    def event(self, kind: str, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+        """Add an event to the next window (the sink stores it with the model's events)."""
         self._events.append(ProfilerEvent(kind=kind, level=level, message=message, data=data))
         del self._events[:-MAX_EVENTS]
 
@@ -586,7 +587,7 @@ class Profiler:
         quiet = time.monotonic() - self._reported_at < RATE_EVENT_EVERY_S
         if budget is not None and big and not quiet:
             direction = "lowered" if new > self._reported_every else "raised"
-            self._event(
+            self.event(
                 "profiler",
                 "info",
                 f"per-layer sampling {direction} to 1 call in {new}: measured overhead "

@@ -11,6 +11,7 @@ from typing import Any, Self
 from torch import nn
 
 from pgc_daemon.agent.executor import Executor
+from pgc_daemon.agent.threadtune import ThreadTuner
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from pgc_daemon.agent.swapper import Swapper
@@ -30,6 +31,7 @@ class Lifecycle:
     profiler: Profiler
     swapper: Swapper
     executor: Executor | None
+    tuner: ThreadTuner
     calls: int
     fallbacks: int
     caller_errors: int
@@ -100,6 +102,7 @@ class Lifecycle:
             "profiler": self.profiler.status(),
             "registered": self.model_id is not None,
             "executor": None if self.executor is None else self.executor.status(),
+            "threads": self.tuner.status(),
         }
 
     # ------------------------------------------------------------------ for the swapper

@@ -12,10 +12,10 @@
   not roll back a healthy variant;
 - an exception from the user's own module is the user's: it is re-raised unchanged.
 
-Everything slow runs on background threads: the profiler's exporter (into the
-:class:`~pgc_daemon.agent.registry.Registry`) and the :class:`~pgc_daemon.agent.swapper.Swapper`.
-With an :class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference
-thread, which the caller's thread hands the call to (one OpenMP team however many callers).
+Everything slow runs on background threads (the profiler's exporter, the swapper). With an
+:class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference thread
+(one OpenMP team however many callers), at the thread count the
+:class:`~pgc_daemon.agent.threadtune.ThreadTuner` chose for the serving variant on live calls.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.runtime import traced_while_serving, wait_out_tracing
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from pgc_daemon.agent.swapper import Swapper
+from pgc_daemon.agent.threadtune import tuner_for
 from profiler import Profiler, ProfilerConfig
 
 log = logging.getLogger("pgc.agent")
@@ -52,9 +53,7 @@ class ServedModel(Lifecycle):
         self.settings = registry.settings
         self._slot = Slot(self.base, None, BASE_LABEL, hookable=True)
         self.live = LiveRecord()
-        self.calls = self.fallbacks = self.retries = 0
-        self.caller_errors = 0
-        """Calls that failed on the base module too (bad input): the caller's error, not ours."""
+        self.calls = self.fallbacks = self.retries = self.caller_errors = 0
         self.last_variant_error: str | None = None
         self._failure: str | None = None
         self._ab_calls = 0
@@ -67,6 +66,7 @@ class ServedModel(Lifecycle):
         self.profiler.watch(self.base)
         self.executor = executor_for(self._serve, registry.name, executor)  # None: inline
         self._submit = self._serve if self.executor is None else self.executor.submit
+        self.tuner = tuner_for(self.executor, self.profiler)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = object()
@@ -77,8 +77,7 @@ class ServedModel(Lifecycle):
             self._in_flight.discard(call)
 
     def serving_now(self) -> bool:
-        """Whether a request is being served right now (background work yields to it; not to
-        be confused with ``swapper.busy``, a deployment in progress)."""
+        """Whether a request is being served now (background work yields; not ``swapper.busy``)."""
         return bool(self._in_flight)
 
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -86,6 +85,7 @@ class ServedModel(Lifecycle):
         if slot.control is not None:  # canary: alternate blocks of calls with the control
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
+        use = self.tuner.use(slot.variant_id, probing=self._slot.control is None)
         token = self.profiler.begin(slot.module) if slot.hookable else None
         fallback = False
         t0 = _perf_ns()
@@ -112,6 +112,7 @@ class ServedModel(Lifecycle):
         try:
             if steady and token is None and not fallback:  # hooks would bias the comparison
                 self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
+                self.tuner.record(use, elapsed / 1e6)
             self.reservoir.offer(args, kwargs)
             if self.live.shadow_wanted > 0 and not fallback and slot is self._slot:
                 self.live.offer_shadow(slot.variant_id, args, kwargs, out)

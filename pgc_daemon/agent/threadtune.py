@@ -1,0 +1,207 @@
+"""How many intra-op threads the inference thread serves each variant with, chosen on live
+traffic.
+
+Why: the thread count that is fastest for a model alone is not always the fastest while it
+serves. Measured on a 2-core VM (MiniLM, batch 1, requests from a tokenizing client thread at
+16 per second, the four arms interleaved in blocks at one time): alone, fp32 took 29.6 ms at
+two threads and 44.6 at one, int8 static · Inductor 8.7 and 13.1; serving, fp32 took 39.1 ms at
+two threads and 47.2 at one, but int8 took **17.0 ms at two threads and 13.5 at one**. A short
+call of many small parallel regions spends its time in OpenMP barriers waiting for a team-mate
+whose core woke up late or went to another thread; one thread has no team to wait for. So the
+live speedup of int8 over fp32 was 2.30x at two threads (the search measured 3.4x) and 3.5x at
+one.
+
+What it does: for the variant that serves alone (no canary), calls go in alternating blocks to
+each candidate thread count (the configured count, half of it, and one) until every count has
+``calls_per_arm`` steady calls; then the variant serves at the count whose trimmed-mean latency
+is lower than the configured count's with confidence by at least ``margin``, else at the
+configured count. It decides again every ``reprobe_s`` (load changes). During a canary (and
+the demo's A/B) each arm serves at its own variant's chosen count, without probing, so the
+comparison is of the variants as they serve.
+
+Threading: :meth:`ThreadTuner.use` and :meth:`ThreadTuner.record` run on the executor's
+inference thread only (the thread whose intra-op setting they change); a call served inline on
+a request thread is left alone. :meth:`ThreadTuner.status` reads from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pgc_daemon.agent.livecompare import LiveComparison, compare, trimmed_mean
+
+log = logging.getLogger("pgc.agent")
+
+#: Calls per probe block; the first of each block pays for the switch and is not counted.
+PROBE_BLOCK = 8
+#: Steady calls per thread count before deciding.
+CALLS_PER_ARM = 40
+#: A count other than the configured one must be at least this much faster, with confidence.
+MARGIN = 0.03
+#: Probe again after this long.
+REPROBE_S = 900.0
+#: Variants whose choice is remembered at most (oldest forgotten first).
+MAX_VARIANTS = 32
+
+
+def candidates(configured: int) -> tuple[int, ...]:
+    """The configured count, half of it and one (distinct, largest first)."""
+    return tuple(sorted({configured, max(1, configured // 2), 1}, reverse=True))
+
+
+@dataclass
+class _Probe:
+    samples: dict[int, list[float]]
+    calls: int = 0
+    chosen: int | None = None
+    decided_at: float = 0.0
+    results: dict[int, float] = field(default_factory=dict)
+    """Trimmed-mean live latency (ms) per count at the last decision."""
+
+
+@dataclass(frozen=True)
+class Use:
+    """The count one call runs at, and whether its latency counts toward a decision."""
+
+    variant_id: int | None
+    threads: int
+    counted: bool
+
+
+class ThreadTuner:
+    def __init__(
+        self,
+        configured: int,
+        *,
+        calls_per_arm: int = CALLS_PER_ARM,
+        block: int = PROBE_BLOCK,
+        margin: float = MARGIN,
+        reprobe_s: float = REPROBE_S,
+        owner: Callable[[], int | None] = lambda: None,
+        notify: Callable[[str, dict[str, Any]], None] = lambda message, data: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``owner``: the ident of the thread whose calls are tuned (the executor's inference
+        thread; None: no call is). ``notify(message, data)`` hears every decision, on that
+        thread (keep it cheap)."""
+        self.configured = configured
+        self._owner = owner
+        self._notify = notify
+        self.candidates = candidates(configured)
+        self.calls_per_arm = calls_per_arm
+        self.block = block
+        self.margin = margin
+        self.reprobe_s = reprobe_s
+        self._clock = clock
+        self._probes: dict[int | None, _Probe] = {}
+        self._lock = threading.Lock()  # status() reads from other threads
+        self.decisions = 0
+
+    def _probe(self, variant_id: int | None) -> _Probe:
+        probe = self._probes.get(variant_id)
+        if probe is None:
+            with self._lock:
+                if len(self._probes) >= MAX_VARIANTS:
+                    del self._probes[next(iter(self._probes))]
+                probe = self._probes[variant_id] = _Probe({n: [] for n in self.candidates})
+        return probe
+
+    def use(self, variant_id: int | None, *, probing: bool) -> Use | None:
+        """The count for this call of ``variant_id``, set on the calling thread (None, and
+        nothing set, off the owner thread). ``probing``: the variant serves alone, so this call
+        may try another count."""
+        if threading.get_ident() != self._owner():
+            return None
+        probe = self._probe(variant_id)
+        if probe.chosen is not None and self._clock() - probe.decided_at > self.reprobe_s:
+            probe.chosen = None  # probe again, as for a new variant
+            probe.samples = {n: [] for n in self.candidates}
+        if probe.chosen is not None or not probing or len(self.candidates) == 1:
+            n, counted = probe.chosen or self.configured, False
+        else:
+            k = probe.calls // self.block
+            n = self.candidates[k % len(self.candidates)]
+            counted = probe.calls % self.block != 0
+            probe.calls += 1
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+        return Use(variant_id, n, counted)
+
+    def record(self, use: Use | None, elapsed_ms: float) -> None:
+        """The latency of a steady call made under ``use``; decides once every count has
+        enough."""
+        if use is None or not use.counted:
+            return
+        probe = self._probes.get(use.variant_id)
+        if probe is None or probe.chosen is not None:
+            return
+        samples = probe.samples[use.threads]
+        samples.append(elapsed_ms)
+        if all(len(s) >= self.calls_per_arm for s in probe.samples.values()):
+            self._decide(use.variant_id, probe)
+
+    def _decide(self, variant_id: int | None, probe: _Probe) -> None:
+        base = probe.samples[self.configured]
+        best, best_cmp = self.configured, None
+        for n, samples in probe.samples.items():
+            if n == self.configured:
+                continue
+            c = compare(samples, base)
+            if c.high < 1.0 - self.margin and (best_cmp is None or c.ratio < best_cmp.ratio):
+                best, best_cmp = n, c
+        with self._lock:
+            probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
+            probe.chosen, probe.decided_at = best, self._clock()
+            probe.samples = {n: [] for n in self.candidates}
+            probe.calls = 0
+            self.decisions += 1
+        message = (f"variant {variant_id} serves at {best} intra-op thread(s), measured live: "
+                   f"{_describe(probe.results, best_cmp)}")
+        log.info("%s", message)
+        self._notify(message, {"variant_id": variant_id, "threads": best,
+                               "live_ms": {str(n): ms for n, ms in probe.results.items()}})
+
+    def chosen(self, variant_id: int | None) -> int | None:
+        probe = self._probes.get(variant_id)
+        return None if probe is None else probe.chosen
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "configured": self.configured,
+                "candidates": list(self.candidates),
+                "variants": {
+                    "base" if v is None else str(v): {"threads": p.chosen, "live_ms": {str(n): ms for n, ms in p.results.items()}}
+                    for v, p in self._probes.items()
+                },
+            }
+
+
+def tuner_for(executor: Any, profiler: Any) -> ThreadTuner:
+    """The tuner of a served model: it tunes the calls of its executor's inference thread
+    (none without an executor: calls inline on request threads are left as they are), and its
+    decisions become the profiler's ``threads`` events (stored with the model's events)."""
+    return ThreadTuner(
+        executor.threads if executor is not None else torch.get_num_threads(),
+        owner=lambda: None if executor is None else executor.ident,
+        notify=lambda message, data: profiler.event("threads", "info", message, data),
+    )
+
+
+def _trimmed(samples: list[float]) -> float:
+    return float(trimmed_mean(np.asarray(samples, dtype=float)))
+
+
+def _describe(results: dict[int, float], won: LiveComparison | None) -> str:
+    parts = ", ".join(f"{ms:.2f} ms at {n}" for n, ms in sorted(results.items()))
+    if won is None:
+        return f"{parts} (no other count faster with confidence)"
+    return f"{parts} ({1 / won.ratio:.2f}x, 95% interval {1 / won.high:.2f}-{1 / won.low:.2f}x)"

@@ -1,0 +1,146 @@
+"""The live choice of intra-op threads per serving variant (``agent/threadtune.py``): the
+decision on measured latencies, its limits (owner thread, canary, re-probing), and the whole
+path through a served model's executor into the store's events."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import store as st
+from pgc_daemon import attach
+from pgc_daemon.agent.threadtune import ThreadTuner, candidates
+from pgc_daemon.settings import Settings
+
+from .helpers import wait_for
+
+
+@pytest.fixture(autouse=True)
+def _threads_back() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tuner(configured: int = 4, **kw: Any) -> ThreadTuner:
+    me = threading.get_ident()
+    return ThreadTuner(configured, owner=lambda: me, calls_per_arm=20, block=4, **kw)
+
+
+def _serve(tuner: ThreadTuner, cost_ms: dict[int, float], calls: int, variant: int | None = 7,
+           probing: bool = True) -> list[int]:
+    """``calls`` calls of ``variant`` whose latency at n threads is ``cost_ms[n]`` (with a
+    little spread); the thread counts they ran at."""
+    ran = []
+    for i in range(calls):
+        use = tuner.use(variant, probing=probing)
+        assert use is not None
+        assert torch.get_num_threads() == use.threads
+        ran.append(use.threads)
+        tuner.record(use, cost_ms[use.threads] * (1 + 0.02 * (i % 5)))
+    return ran
+
+
+def test_candidates_are_the_configured_count_half_of_it_and_one() -> None:
+    assert candidates(8) == (8, 4, 1)
+    assert candidates(2) == (2, 1)
+    assert candidates(1) == (1,)
+
+
+def test_the_count_that_serves_faster_live_is_chosen() -> None:
+    tuner = _tuner()
+    ran = _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400)
+    assert tuner.chosen(7) == 1
+    assert set(ran[:60]) == {4, 2, 1}  # probed every count in blocks
+    assert set(ran[-100:]) == {1}  # then served at the choice
+    status = tuner.status()["variants"]["7"]
+    assert status["threads"] == 1 and status["live_ms"]["1"] < status["live_ms"]["4"]
+
+
+def test_the_configured_count_stays_unless_another_is_faster_with_confidence() -> None:
+    tuner = _tuner()
+    _serve(tuner, {4: 10.0, 2: 10.1, 1: 9.9}, 400)  # within the spread and the margin
+    assert tuner.chosen(7) == 4
+    slower = _tuner()
+    _serve(slower, {4: 9.0, 2: 12.0, 1: 20.0}, 400)
+    assert slower.chosen(7) == 4
+
+
+def test_each_variant_has_its_own_choice_and_a_canary_does_not_probe() -> None:
+    tuner = _tuner()
+    _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400, variant=1)
+    _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400, variant=2)
+    assert (tuner.chosen(1), tuner.chosen(2)) == (1, 4)
+    # a canary (probing=False): each arm at its variant's choice, an unprobed one at the
+    # configured count, and nothing it serves counts toward a decision
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=1, probing=False)) == {1}
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=3, probing=False)) == {4}
+    assert tuner.chosen(3) is None
+
+
+def test_the_choice_is_probed_again_after_a_while() -> None:
+    clock = _Clock()
+    tuner = _tuner(reprobe_s=60.0, clock=clock)
+    _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400)
+    assert tuner.chosen(7) == 1
+    clock.now = 61.0
+    _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400)  # the load changed
+    assert tuner.chosen(7) == 4
+
+
+def test_calls_off_the_owner_thread_are_left_alone() -> None:
+    tuner = ThreadTuner(4, owner=lambda: None)
+    torch.set_num_threads(2)
+    assert tuner.use(1, probing=True) is None
+    tuner.record(None, 5.0)
+    assert torch.get_num_threads() == 2
+
+
+class _SlowerWithThreads(nn.Module):
+    """A model whose call costs 1.5 ms per intra-op thread: one thread is the fastest."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.0015 * torch.get_num_threads())
+        return x + 1
+
+
+def test_a_served_model_serves_at_the_count_measured_fastest_and_says_so(
+    settings: Settings, store: st.Store
+) -> None:
+    torch.set_num_threads(2)
+    served = attach(_SlowerWithThreads(), name="threads", settings=settings, executor=True)
+    try:
+        wait_for(lambda: served.model_id is not None, what="registration")
+        base = served.slot.variant_id  # the base module's variant, once registered
+        x = torch.zeros(3)
+        for _ in range(400):
+            assert torch.equal(served(x), x + 1)
+            if served.tuner.chosen(base) is not None:
+                break
+        assert served.tuner.chosen(base) == 1
+        assert served.status()["threads"]["variants"][str(base)]["threads"] == 1
+        assert torch.get_num_threads() == 2  # the request thread's own setting is untouched
+
+        def stored() -> list[Any]:
+            with store.session() as s:
+                return list(st.repo.list_events(s, served.model_id, kind="threads"))
+
+        events = wait_for(stored, what="the threads event in the store")
+        assert "serves at 1 intra-op thread" in events[0].message
+        assert events[0].data["threads"] == 1
+    finally:
+        served.close()
