@@ -22,10 +22,20 @@ comparison is of the variants as they serve.
 Threading: :meth:`ThreadTuner.use` and :meth:`ThreadTuner.record` run on the executor's
 inference thread only (the thread whose intra-op setting they change); a call served inline on
 a request thread is left alone. :meth:`ThreadTuner.status` reads from any thread.
+
+The count is set for the inference thread alone, through OpenMP's ``omp_set_num_threads`` (a
+per-thread setting), not ``torch.set_num_threads``: that one also stores the process-wide
+count every thread takes when it first runs torch work, so the user's other threads, pgc's
+swapper and the artifact key of what the worker built (``torch.threads``) would follow the
+inference thread's choice (seen: a worker's artifact refused as built for another thread
+count, then compiled in the serving process). Where torch does not run on OpenMP, or its
+runtime cannot be found, nothing is tuned.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import threading
 import time
@@ -131,8 +141,8 @@ class ThreadTuner:
             n = self.candidates[k % len(self.candidates)]
             counted = probe.calls % self.block != 0
             probe.calls += 1
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
+        if torch.get_num_threads() != n:  # (the first call also runs torch's per-thread set-up)
+            set_thread_count(n)
         return Use(variant_id, n, counted)
 
     def record(self, use: Use | None, elapsed_ms: float) -> None:
@@ -194,6 +204,31 @@ def tuner_for(executor: Any, profiler: Any) -> ThreadTuner:
         owner=lambda: None if executor is None else executor.ident,
         notify=lambda message, data: profiler.event("threads", "info", message, data),
     )
+
+
+@functools.cache
+def per_thread_setter() -> Callable[[int], None] | None:
+    """OpenMP's ``omp_set_num_threads`` of the runtime torch loaded (None: torch does not run
+    on OpenMP here, or its runtime is not in the process)."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+        for path in sorted(paths):
+            fn = ctypes.CDLL(path).omp_set_num_threads
+            fn.argtypes, fn.restype = [ctypes.c_int], None
+            return fn
+    except (OSError, AttributeError):
+        log.debug("no OpenMP runtime to set a thread's intra-op count", exc_info=True)
+    return None
+
+
+def set_thread_count(n: int) -> None:
+    """The calling thread's intra-op thread count (no other thread's)."""
+    setter = per_thread_setter()
+    if setter is not None:
+        setter(n)
 
 
 def _trimmed(samples: list[float]) -> float:

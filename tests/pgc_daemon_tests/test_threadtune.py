@@ -134,6 +134,13 @@ def test_a_served_model_serves_at_the_count_measured_fastest_and_says_so(
         assert served.tuner.chosen(base) == 1
         assert served.status()["threads"]["variants"][str(base)]["threads"] == 1
         assert torch.get_num_threads() == 2  # the request thread's own setting is untouched
+        # and so is every other thread's, one started later too (the swapper keys the
+        # worker's artifacts by the count it sees: were it 1, none would load)
+        seen: list[int] = []
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+        assert seen == [2]
 
         def stored() -> list[Any]:
             with store.session() as s:
