@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from profiler._budget import Period, RateController
@@ -37,10 +38,11 @@ from profiler._exporter import Exporter
 from profiler._hooks import LayerTimer, RawCall
 from profiler._rows import HostRow, ProfilerEvent
 from profiler._window import Totals, Window, WindowAggregator
-from profiler.shapes import shape_key
+from profiler.shapes import key_of, shape_key
 
 log = logging.getLogger("pgc.profiler")
 _perf_ns = time.perf_counter_ns
+_Tensor = torch.Tensor
 
 MIB = 1024 * 1024
 #: Sampled calls waiting for the background thread; past this the oldest are discarded.
@@ -101,6 +103,7 @@ class Profiler:
         self.controller = RateController(cfg.sample_every, cfg.budget, cfg.max_sample_every)
         self._every = cfg.sample_every
         self._key_fn = key_fn
+        self._defer_key = key_fn is shape_key  # a (shape, dtype) queued, keyed when drained
         self._quiet = quiet
         self._serving = serving
         self._counter = itertools.count(1)
@@ -351,15 +354,19 @@ class Profiler:
         """Record one call (never raises)."""
         try:
             t0 = _perf_ns()
-            bucket = self._key_fn(args, kwargs)
             if token is None:
                 # One append: right after a forward pass the caches are cold, and every line
-                # of code here costs a cache miss; the background thread aggregates in bulk.
+                # of code here costs a cache miss; the background thread aggregates in bulk,
+                # and keys the shape of a plain tensor first argument (the common call).
+                a = args[0] if args else None
+                bucket = ((a.shape, a.dtype) if self._defer_key and type(a) is _Tensor
+                          else self._key_fn(args, kwargs))
                 calls = self._calls
                 if len(calls) >= MAX_QUEUED_CALLS:
                     self._lost_call()
                 calls.append((variant, bucket, elapsed_ns, error, fallback, _perf_ns() - t0))
                 return
+            bucket = self._key_fn(args, kwargs)
             timer = token.timer
             try:
                 timer.detach()
@@ -404,7 +411,10 @@ class Profiler:
             batch = []
             pop = calls.popleft
             for _ in range(len(calls)):
-                batch.append(pop())
+                call = pop()
+                if type(call[1]) is tuple:  # a deferred shape key (see ``end``)
+                    call = (call[0], key_of(*call[1]), *call[2:])
+                batch.append(call)
             if not batch:
                 return
             self._last_variant = batch[-1][0]

@@ -52,17 +52,28 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
     return None
 
 
-def _key(t: torch.Tensor) -> str:
-    if t.dim() == 0:
+def key_of(shape: torch.Size, dtype: torch.dtype) -> str:
+    """The key of a first tensor of ``shape`` and ``dtype`` (cached)."""
+    sig = (shape, dtype)
+    key = _cache.get(sig)
+    if key is None:
+        key = _key(shape, dtype)
+        if len(_cache) < _CACHE_MAX:
+            _cache[sig] = key
+    return key
+
+
+def _key(shape: torch.Size, dtype: torch.dtype) -> str:
+    if len(shape) == 0:
         return "-"
-    batch = t.shape[0]
-    if t.dim() == 1:
+    batch = shape[0]
+    if len(shape) == 1:
         return f"b{batch}"
-    if not t.is_floating_point() and not t.is_complex() and t.dim() == 2:
-        return f"b{batch} s{seq_bucket(t.shape[1])}"
-    if t.is_floating_point() and t.dim() == 3:
-        return f"b{batch} s{seq_bucket(t.shape[1])} f{t.shape[2]}"
-    return f"b{batch} " + "x".join(str(d) for d in t.shape[1:])
+    if not dtype.is_floating_point and not dtype.is_complex and len(shape) == 2:
+        return f"b{batch} s{seq_bucket(shape[1])}"
+    if dtype.is_floating_point and len(shape) == 3:
+        return f"b{batch} s{seq_bucket(shape[1])} f{shape[2]}"
+    return f"b{batch} " + "x".join(str(d) for d in shape[1:])
 
 
 def shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -70,13 +81,7 @@ def shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     first = _first_tensor(args, kwargs)
     if first is None:
         return "-"
-    sig = (first.shape, first.dtype)
-    key = _cache.get(sig)
-    if key is None:
-        key = _key(first)
-        if len(_cache) < _CACHE_MAX:
-            _cache[sig] = key
-    return key
+    return key_of(first.shape, first.dtype)
 
 
 def parse_key(key: str) -> dict[str, int | str]:

@@ -3,6 +3,7 @@ duty cycles."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import torch.nn.modules.module as torch_module
 from torch import nn
 
 from profiler import LayerTimer, Profiler, ProfilerConfig, WindowAggregator
+from profiler._window import RESERVOIR
 
 
 class Slow(nn.Module):
@@ -261,6 +263,43 @@ def test_window_quantiles_match_numpy_and_memory_is_bounded() -> None:
         assert getattr(row, key) == pytest.approx(np.percentile(values, q), rel=0.15)
     assert row.trimmed_ms < row.mean_ms
     assert agg._calls == {}  # after close, the next window starts empty
+
+
+def test_calls_added_in_bulk_count_as_calls_added_one_by_one() -> None:
+    """``add_calls`` (how the profiler drains its queue) gives the rows ``add_call`` gives:
+    counts, sums, histograms, errors, fallbacks and costs exactly; quantiles from a reservoir
+    that stays bounded and uniform over the stream."""
+    rng = np.random.default_rng(1)
+    calls = []
+    for i in range(20_000):
+        variant, bucket = (1, "b1 s128") if i % 10 else (2, "b8 s64")
+        ms = float(rng.gamma(2.0, 5.0)) + (0.0 if i < 10_000 else 20.0)  # drifts mid-stream
+        calls.append((variant, bucket, int(ms * 1e3) * 1000, i % 97 == 0, i % 89 == 0, 1000 * (i % 3)))
+    one, bulk = WindowAggregator(), WindowAggregator()
+    for variant, bucket, ns, err, fb, cost in calls:
+        one.add_call(variant, bucket, ns / 1e6, error=err, fallback=fb,
+                     extra_cost_ns=cost + 500 if cost else 0)
+    for part in range(0, len(calls), 3000):  # drained in batches, as the profiler does
+        bulk.add_calls(calls[part:part + 3000], extra_cost_ns=500)
+    t_bulk, t_one = bulk.totals(), one.totals()
+    assert t_bulk.serving_ns == sum(c[2] for c in calls)  # add_call goes through float ms
+    assert abs(t_bulk.serving_ns - t_one.serving_ns) <= len(calls)
+    assert dataclasses.replace(t_bulk, serving_ns=0) == dataclasses.replace(t_one, serving_ns=0)
+    assert max(len(series.sample) for series in bulk._calls.values()) == RESERVOIR
+    for (variant, bucket), series in bulk._calls.items():
+        stream = np.array([c[2] / 1e6 for c in calls if c[:2] == (variant, bucket)])
+        # a reservoir of the whole stream, not of its first or last part (it drifts from a
+        # mean of 10 ms to 30 ms half way)
+        assert np.mean(series.sample) == pytest.approx(stream.mean(), rel=0.08)
+    rows_one = {(r.variant, r.shape_bucket): r for r in one.close().requests}
+    rows_bulk = {(r.variant, r.shape_bucket): r for r in bulk.close().requests}
+    assert rows_one.keys() == rows_bulk.keys() == {(1, "b1 s128"), (2, "b8 s64")}
+    for key, a in rows_one.items():
+        b = rows_bulk[key]
+        assert (b.count, b.errors, b.fallbacks, b.histogram) == (a.count, a.errors, a.fallbacks, a.histogram)
+        assert b.mean_ms == pytest.approx(a.mean_ms)
+        assert b.overhead == pytest.approx(a.overhead)
+        assert b.p95_ms == pytest.approx(a.p95_ms, rel=0.15)
 
 
 def test_windows_are_keyed_by_variant_and_shape_bucket() -> None:

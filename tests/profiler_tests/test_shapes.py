@@ -13,25 +13,38 @@ from profiler import Profiler, ProfilerConfig, WindowAggregator, parse_key, seq_
 from profiler._window import MAX_BUCKETS, OTHER_BUCKET
 
 
-@pytest.mark.parametrize(
-    "args,kwargs,key",
-    [
-        ((torch.zeros(1, 100, dtype=torch.long), torch.ones(1, 100)), {}, "b1 s128"),
-        ((torch.zeros(8, 20, dtype=torch.long),), {}, "b8 s32"),
-        ((torch.zeros(4, 1, 8, 8),), {}, "b4 1x8x8"),
-        ((), {"input_ids": torch.zeros(2, 600, dtype=torch.long)}, "b2 s1024"),
-        ((torch.zeros(3, 50, 80),), {}, "b3 s64 f80"),  # float sequences: frames x features
-        (({"input_ids": torch.zeros(2, 17, dtype=torch.long)},), {}, "b2 s32"),  # a batch dict
-        (([torch.zeros(5, 9, dtype=torch.long)],), {}, "b5 s16"),  # a list of tensors
-        ((torch.zeros(7),), {}, "b7"),
-        ((torch.tensor(1.0),), {}, "-"),
-        (("text",), {}, "-"),
-        ((torch.zeros(1, 5000, dtype=torch.long),), {}, "b1 s5000"),  # past the largest bucket
-    ],
-)
+CASES = [
+    ((torch.zeros(1, 100, dtype=torch.long), torch.ones(1, 100)), {}, "b1 s128"),
+    ((torch.zeros(8, 20, dtype=torch.long),), {}, "b8 s32"),
+    ((torch.zeros(4, 1, 8, 8),), {}, "b4 1x8x8"),
+    ((), {"input_ids": torch.zeros(2, 600, dtype=torch.long)}, "b2 s1024"),
+    ((torch.zeros(3, 50, 80),), {}, "b3 s64 f80"),  # float sequences: frames x features
+    (({"input_ids": torch.zeros(2, 17, dtype=torch.long)},), {}, "b2 s32"),  # a batch dict
+    (([torch.zeros(5, 9, dtype=torch.long)],), {}, "b5 s16"),  # a list of tensors
+    ((torch.zeros(7),), {}, "b7"),
+    ((torch.tensor(1.0),), {}, "-"),
+    (("text",), {}, "-"),
+    ((torch.zeros(1, 5000, dtype=torch.long),), {}, "b1 s5000"),  # past the largest bucket
+    ((torch.zeros(2, 3, 4, dtype=torch.complex64),), {}, "b2 3x4"),
+    ((torch.zeros(6, 40, dtype=torch.bool),), {}, "b6 s64"),
+]
+
+
+@pytest.mark.parametrize("args,kwargs,key", CASES)
 def test_shape_keys(args: tuple[Any, ...], kwargs: dict[str, Any], key: str) -> None:
     assert shape_key(args, kwargs) == key
     assert shape_key(args, kwargs) == key  # and the cached answer is the same
+
+
+def test_the_profiler_keys_served_calls_as_shape_key_does() -> None:
+    """``end`` queues a plain tensor first argument's (shape, dtype) and keys it when the
+    calls are drained, off the request path: the window's buckets are shape_key's."""
+    prof = Profiler(ProfilerConfig(sample_every=1 << 30, max_sample_every=1 << 30))
+    for i, (args, kwargs, _) in enumerate(CASES):
+        prof.end(None, i, args, kwargs, 1_000_000)
+    window = prof.close_window()
+    assert {(r.variant, r.shape_bucket) for r in window.requests} == {
+        (i, key) for i, (_, _, key) in enumerate(CASES)}
 
 
 @pytest.mark.parametrize("length,bucket", [(1, 16), (16, 16), (17, 32), (512, 512), (513, 1024),
