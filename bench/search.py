@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT.parent))
 from compiler import Recipe, probe  # noqa: E402
 from compiler.fingerprint import fingerprint  # noqa: E402
 from pgc_daemon.policy import Policy  # noqa: E402
-from pgc_daemon.optimizer.search.evaluate import Evaluator  # noqa: E402
+from pgc_daemon.optimizer.search.evaluate import Evaluator, QuickStep, quick_verdict  # noqa: E402
 from pgc_daemon.optimizer.search.prepare import (  # noqa: E402
     _most_sensitive,
     measure_sensitivity,
@@ -85,6 +85,7 @@ def build_table(space: Space, search: Search, progress: Any) -> dict[str, dict[s
                 "drop": rec.drop,
                 "fidelity": rec.fidelity,
                 "quick_drop": rec.quick_drop,
+                "quick_steps": rec.quick_steps,
                 "phases": rec.phases,
                 "message": rec.message,
             }
@@ -92,6 +93,10 @@ def build_table(space: Space, search: Search, progress: Any) -> dict[str, dict[s
     finally:
         search.policy = keep
     return table
+
+
+#: Bumped when a table records something new, so older cached tables are measured again.
+TABLE_VERSION = 2
 
 
 def replay_evaluate(table: dict[str, dict[str, Any]], policy: Policy, prune: bool):
@@ -107,8 +112,10 @@ def replay_evaluate(table: dict[str, dict[str, Any]], policy: Policy, prune: boo
         if e["state"] != "complete":
             rec.duration_s = sum(ph.values())
             return rec
-        if prune and e["quick_drop"] is not None and e["quick_drop"] > policy.prune_drop:
-            rec.state, rec.drop = "pruned", e["quick_drop"]
+        steps = [QuickStep(*step) for step in e.get("quick_steps") or []]
+        pruned, step = quick_verdict(steps, policy.max_accuracy_drop) if steps else (False, None)
+        if prune and pruned:
+            rec.state, rec.drop = "pruned", step.drop
             rec.duration_s = ph.get("build", 0) + ph.get("warm", 0) + ph.get("quick", 0)
             return rec
         rec.state = "complete"
@@ -194,8 +201,9 @@ def main() -> int:
     choices = CHOICES
     policy = Policy(max_accuracy_drop=args.max_drop, max_trials=space.size)
     evaluator = Evaluator(base, inputs, metric="cosine" if args.model == "minilm" else None)
-    key = hashlib.sha256(
-        json.dumps([hw.key(), torch.__version__, fingerprint(base), space.to_dict()]).encode()
+    key = hashlib.sha256(  # TABLE_VERSION: what a table records (2: the quick check's steps)
+        json.dumps([TABLE_VERSION, hw.key(), torch.__version__, fingerprint(base),
+                    space.to_dict()]).encode()
     ).hexdigest()[:16]
     cache = ROOT / ".cache" / f"search-table-{args.model}-{key}.json"
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -118,12 +118,6 @@ class Policy(BaseModel):
         return 1.0 - self.max_accuracy_drop
 
     @property
-    def prune_drop(self) -> float:
-        """A quick accuracy check (a few inputs) prunes a trial before it is timed when its
-        drop is past twice the budget plus a margin for the small sample: clearly infeasible."""
-        return 2 * self.max_accuracy_drop + 0.01
-
-    @property
     def canary_floor(self) -> float:
         """Live shadow fidelity below which a canary fails: the verification bound less half
         the budget, since a few dozen live inputs are a noisier sample than the verification

@@ -55,7 +55,6 @@ def queue_run(store: st.Store, model_id: int, name: str = "study-a") -> int:
 
 def test_the_policy_methods_give_the_numbers_the_search_used() -> None:
     p = Policy(max_accuracy_drop=0.02, latency_target_ms=4.0)
-    assert p.prune_drop == pytest.approx(2 * 0.02 + 0.01)
     assert p.violations(0.03, 5.0) == pytest.approx({"accuracy_drop": 0.01, "latency_ms": 1.0})
     assert p.violations(None, None) == pytest.approx({"accuracy_drop": -0.02})
     assert p.normalized_violation(0.03, 5.0) == pytest.approx(0.01 / 0.02 + 1.0 / 4.0)

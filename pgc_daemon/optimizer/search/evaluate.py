@@ -2,6 +2,15 @@
 
 ``drop`` is what the policy bounds: ``1 - fidelity`` for the built-in metrics, or the fall
 in a user's accuracy function (``accuracy(fp32) - accuracy(variant)`` on labels).
+
+The quick check before timing (:meth:`Evaluator.quick`) knows its noise: it scores a few
+inputs, bootstraps the drop over them (the same resampled inputs for fp32 and the variant, so
+the interval is of the paired difference, and for any metric: the spec's own function over
+labels is simply called on each resample), and doubles the sample while the interval straddles
+the budget. A candidate is pruned only when the drop's one-sided lower bound is over the
+budget; the full check on every input stays the judge of the rest. A fixed threshold on 8
+inputs pruned a rank-correlation metric's candidates on noise, and let clearly infeasible
+candidates of a tight budget through to be timed.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +31,37 @@ class Score:
     fidelity: float
     drop: float
     n: int
+
+
+#: The quick check starts with this many inputs and doubles up to ``QUICK_MAX``.
+QUICK_START = 8
+QUICK_MAX = 32
+#: Bootstrap resamples per step, and the one-sided confidence of a prune.
+RESAMPLES = 200
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class QuickStep:
+    """The drop on the first ``n`` inputs and its bootstrap interval (one-sided bounds at
+    ``CONFIDENCE`` each side)."""
+
+    n: int
+    drop: float
+    low: float
+    high: float
+
+
+def quick_verdict(steps: Sequence[QuickStep], budget: float) -> tuple[bool, QuickStep]:
+    """Whether the steps prune a candidate under ``budget``, and the step that decides: the
+    first whose lower bound is over the budget (prune), else the first wholly within it, else
+    the last (not pruned: the full check decides). Also what ``bench/search.py`` replays."""
+    for step in steps:
+        if step.low > budget:
+            return True, step
+        if step.high <= budget:
+            return False, step
+    return False, steps[-1]
 
 
 class Evaluator:
@@ -49,9 +90,38 @@ class Evaluator:
             else None
         )
 
-    def _outputs(self, module: nn.Module, n: int) -> list[Any]:
+    def _outputs(self, module: nn.Module, n: int, start: int = 0) -> list[Any]:
         with torch.inference_mode():
-            return [module(*a, **k) for a, k in self.inputs[:n]]
+            return [module(*a, **k) for a, k in self.inputs[start:n]]
+
+    def quick(self, module: nn.Module, budget: float, *, seed: int = 0) -> list[QuickStep]:
+        """The quick check's steps: ``QUICK_START`` inputs, doubled while the drop's interval
+        straddles ``budget``, up to ``QUICK_MAX`` (see the module docstring); decide with
+        :func:`quick_verdict`."""
+        cap = min(QUICK_MAX, len(self.inputs))
+        n, outs, steps = min(QUICK_START, cap), [], []
+        rng = np.random.default_rng(seed)
+        while True:
+            outs += self._outputs(module, n, start=len(outs))
+            drop = self._drop(outs, np.arange(n))
+            boot = np.array([self._drop(outs, rng.integers(0, n, n)) for _ in range(RESAMPLES)])
+            low, high = np.quantile(boot, [1 - CONFIDENCE, CONFIDENCE])
+            steps.append(QuickStep(n, drop, float(low), float(high)))
+            if n >= cap or low > budget or high <= budget:
+                return steps
+            n = min(2 * n, cap)
+
+    def _drop(self, outs: list[Any], idx: np.ndarray) -> float:
+        """The drop of ``outs`` (the variant's outputs of the first inputs) on the inputs
+        ``idx`` (with repeats: a bootstrap resample)."""
+        picked = [outs[i] for i in idx]
+        refs = [self.references[i] for i in idx]
+        if self.accuracy is not None:
+            if self.labels is not None:
+                labels = [self.labels[i] for i in idx]
+                return float(self.accuracy(refs, labels)) - float(self.accuracy(picked, labels))
+            return 1.0 - float(self.accuracy(picked, refs))
+        return 1.0 - fidelity(self.metric, refs, picked)
 
     def score(self, module: nn.Module, n: int | None = None) -> Score:
         n = len(self.inputs) if n is None else min(n, len(self.inputs))

@@ -40,6 +40,9 @@ class TrialRecord:
     """Seconds per step: build, warm (compiles), quick and full accuracy, timing."""
     quick_drop: float | None = None
     """The drop on the quick accuracy check (a few inputs), before timing."""
+    quick_steps: list[tuple[int, float, float, float]] = field(default_factory=list)
+    """The quick check's steps: (inputs, drop, lower bound, upper bound) each
+    (:class:`~pgc_daemon.optimizer.search.evaluate.QuickStep`)."""
     policy_version: int | None = None
     """The version of the policy the trial was evaluated under (None: offline, no store)."""
     artifact: str | None = None

@@ -5,6 +5,7 @@ fp32 eager."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import time
 from collections.abc import Iterator, Sequence
@@ -14,13 +15,10 @@ import torch
 from torch import nn
 
 from compiler import BuildError, CompileCache, Example, Recipe, build, warm
-from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.evaluate import Evaluator, quick_verdict
 from pgc_daemon.optimizer.search.measure import interleaved
 from pgc_daemon.optimizer.search.results import TrialRecord, feasible
 from pgc_daemon.policy import Policy
-
-#: Inputs of the quick accuracy check that prunes a candidate before it is timed.
-QUICK_INPUTS = 8
 
 
 
@@ -108,12 +106,16 @@ def evaluate_trial(
         warm(variant, self.timing_inputs[:1], rounds=1)
         phases["warm"] = time.monotonic() - t
         t = time.monotonic()
-        quick = self.evaluator.score(variant.module, QUICK_INPUTS)
+        steps = self.evaluator.quick(variant.module, policy.max_accuracy_drop)
         phases["quick"] = time.monotonic() - t
-        rec.quick_drop = quick.drop
-        if quick.drop > policy.prune_drop:
-            rec.state, rec.fidelity, rec.drop = "pruned", quick.fidelity, quick.drop
-            rec.message = f"pruned before timing: drop {quick.drop:.4f} on {quick.n} inputs"
+        prune, step = quick_verdict(steps, policy.max_accuracy_drop)
+        rec.quick_drop, rec.quick_steps = step.drop, [dataclasses.astuple(s) for s in steps]
+        if prune:
+            rec.state, rec.drop = "pruned", step.drop
+            rec.fidelity = 1.0 - step.drop if self.evaluator.accuracy is None else None
+            rec.message = (f"pruned before timing: drop {step.drop:.4f} on {step.n} inputs, "
+                           f"over the budget {policy.max_accuracy_drop:g} with 95% confidence "
+                           f"(lower bound {step.low:.4f})")
             return rec
         t = time.monotonic()
         full = self.evaluator.score(variant.module)
