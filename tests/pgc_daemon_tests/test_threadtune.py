@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sklearn.datasets  # noqa: F401 - maps scikit-learn's own libgomp into the process
 import torch
 from torch import nn
 
 import store as st
 from pgc_daemon import attach
-from pgc_daemon.agent.threadtune import ThreadTuner, candidates
+from pgc_daemon.agent.threadtune import ThreadTuner, candidates, set_thread_count
 from pgc_daemon.settings import Settings
 
 from .helpers import wait_for
@@ -100,6 +101,24 @@ def test_the_choice_is_probed_again_after_a_while() -> None:
     clock.now = 61.0
     _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400)  # the load changed
     assert tuner.chosen(7) == 4
+
+
+def test_the_openmp_runtime_torch_runs_on_is_found_among_several() -> None:
+    """scikit-learn ships its own libgomp (seen in CI: picked first, it set nothing torch
+    reads, and no count was ever tuned)."""
+    with open("/proc/self/maps") as maps:
+        gomps = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(gomps) >= 2
+    seen: list[int] = []
+
+    def on_a_thread() -> None:
+        set_thread_count(3)
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=on_a_thread)
+    t.start()
+    t.join()
+    assert seen == [3]
 
 
 def test_calls_off_the_owner_thread_are_left_alone() -> None:
