@@ -39,9 +39,9 @@ import functools
 import logging
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -114,7 +114,6 @@ class ThreadTuner:
         self._clock = clock
         self._probes: dict[int | None, _Probe] = {}
         self._lock = threading.Lock()  # status() reads from other threads
-        self.decisions = 0
 
     def _probe(self, variant_id: int | None) -> _Probe:
         probe = self._probes.get(variant_id)
@@ -173,7 +172,6 @@ class ThreadTuner:
             probe.chosen, probe.decided_at = best, self._clock()
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
-            self.decisions += 1
         message = (f"variant {variant_id} serves at {best} intra-op thread(s), measured live: "
                    f"{_describe(probe.results, best_cmp)}")
         log.info("%s", message)
@@ -190,7 +188,10 @@ class ThreadTuner:
                 "configured": self.configured,
                 "candidates": list(self.candidates),
                 "variants": {
-                    "base" if v is None else str(v): {"threads": p.chosen, "live_ms": {str(n): ms for n, ms in p.results.items()}}
+                    "base" if v is None else str(v): {
+                        "threads": p.chosen,
+                        "live_ms": {str(n): ms for n, ms in p.results.items()},
+                    }
                     for v, p in self._probes.items()
                 },
             }

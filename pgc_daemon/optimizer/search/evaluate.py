@@ -103,37 +103,31 @@ class Evaluator:
         rng = np.random.default_rng(seed)
         while True:
             outs += self._outputs(module, n, start=len(outs))
-            drop = self._drop(outs, np.arange(n))
-            boot = np.array([self._drop(outs, rng.integers(0, n, n)) for _ in range(RESAMPLES)])
+            drop = self._measure(outs, range(n))[1]
+            boot = np.array([self._measure(outs, rng.integers(0, n, n))[1] for _ in range(RESAMPLES)])
             low, high = np.quantile(boot, [1 - CONFIDENCE, CONFIDENCE])
             steps.append(QuickStep(n, drop, float(low), float(high)))
             if n >= cap or low > budget or high <= budget:
                 return steps
             n = min(2 * n, cap)
 
-    def _drop(self, outs: list[Any], idx: np.ndarray) -> float:
-        """The drop of ``outs`` (the variant's outputs of the first inputs) on the inputs
-        ``idx`` (with repeats: a bootstrap resample)."""
+    def _measure(self, outs: list[Any], idx: Sequence[int]) -> tuple[float, float]:
+        """(value, drop) of ``outs`` (the variant's outputs of the first inputs) on the inputs
+        ``idx`` (with repeats: a bootstrap resample): the metric's value for the variant, and
+        how far it falls short of fp32's."""
         picked = [outs[i] for i in idx]
         refs = [self.references[i] for i in idx]
         if self.accuracy is not None:
             if self.labels is not None:
                 labels = [self.labels[i] for i in idx]
-                return float(self.accuracy(refs, labels)) - float(self.accuracy(picked, labels))
-            return 1.0 - float(self.accuracy(picked, refs))
-        return 1.0 - fidelity(self.metric, refs, picked)
+                value = float(self.accuracy(picked, labels))
+                return value, float(self.accuracy(refs, labels)) - value
+            value = float(self.accuracy(picked, refs))
+        else:
+            value = fidelity(self.metric, refs, picked)
+        return value, 1.0 - value
 
     def score(self, module: nn.Module, n: int | None = None) -> Score:
         n = len(self.inputs) if n is None else min(n, len(self.inputs))
-        outs = self._outputs(module, n)
-        refs = self.references[:n]
-        if self.accuracy is not None:
-            if self.labels is not None:
-                labels = self.labels[:n]
-                base = float(self.accuracy(refs, labels))
-                value = float(self.accuracy(outs, labels))
-                return Score(value, base - value, n)
-            value = float(self.accuracy(outs, refs))
-            return Score(value, 1.0 - value, n)
-        value = fidelity(self.metric, refs, outs)
-        return Score(value, 1.0 - value, n)
+        value, drop = self._measure(self._outputs(module, n), range(n))
+        return Score(value, drop, n)
