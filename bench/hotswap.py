@@ -222,6 +222,8 @@ def main() -> int:
     ap.add_argument("--shadow-samples", type=int, default=4, help="live inputs shadow-checked per canary")
     ap.add_argument("--cold", action="store_true",
                     help="deploy variants built by another process (artifacts), default canary settings")
+    ap.add_argument("--no-thread-tuning", dest="thread_tuning", action="store_false",
+                    help="serve every variant at the configured intra-op count (Settings.thread_tuning)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
     if args.cold:
@@ -338,7 +340,8 @@ def cold(args: argparse.Namespace) -> int:
     swaps = args.swaps if args.swaps != 20 else 4
     torch.set_num_threads(min(2, torch.get_num_threads()))
     tmp = Path(tempfile.mkdtemp(prefix="pgc-hotswap-cold-"))
-    settings = Settings(store_url=f"sqlite:///{tmp}/pgc.db", work_dir=f"{tmp}/work", poll_s=0.1)
+    settings = Settings(store_url=f"sqlite:///{tmp}/pgc.db", work_dir=f"{tmp}/work", poll_s=0.1,
+                        thread_tuning=args.thread_tuning)
     recipes = cold_recipes(swaps)
     console.print(f"building {len(recipes)} artifacts in a separate process (as a search worker does)")
     t0 = time.monotonic()
@@ -396,6 +399,8 @@ def cold(args: argparse.Namespace) -> int:
         "worker_build_s": build_s,
         "serving_build_cpu_s": max((r["serving_build_cpu_s"] for r in rows), default=None),
         "compiles_in_serving": sum(r["compiled_in_serving"] for r in rows),
+        "thread_tuning": args.thread_tuning,
+        "threads": served.tuner.status(),
         "steady_p99_ms": pct(steady_ms, 99),
         "swap_p99_ms": pct(swap_ms, 99),
         "steady_p50_ms": pct(steady_ms, 50),

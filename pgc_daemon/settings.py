@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         "more than one intra-op thread",
     )
 
+    thread_tuning: bool = Field(
+        True,
+        description="with the executor, serve each variant at the intra-op thread count "
+        "(configured, half, one) measured fastest on live traffic; off: always the configured count",
+    )
+
     def optuna_storage(self) -> str:
         """Optuna keeps its own tables (their names collide with nothing of ours, but a study
         store grows differently); beside a SQLite store it gets its own file."""

@@ -66,7 +66,7 @@ class ServedModel(Lifecycle):
         self.profiler.watch(self.base)
         self.executor = executor_for(self._serve, registry.name, executor)  # None: inline
         self._submit = self._serve if self.executor is None else self.executor.submit
-        self.tuner = tuner_for(self.executor, self.profiler)
+        self.tuner = tuner_for(self.executor, self.profiler, enabled=self.settings.thread_tuning)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = object()

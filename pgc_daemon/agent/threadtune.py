@@ -13,11 +13,17 @@ one.
 
 What it does: for the variant that serves alone (no canary), calls go in alternating blocks to
 each candidate thread count (the configured count, half of it, and one) until every count has
-``calls_per_arm`` steady calls; then the variant serves at the count whose trimmed-mean latency
-is lower than the configured count's with confidence by at least ``margin``, else at the
-configured count. It decides again every ``reprobe_s`` (load changes). During a canary (and
+``calls_per_arm`` steady calls (or, earlier, from ``early_calls`` on, once every other count
+is faster or slower than the configured one by the margin with confidence: a count twice as
+slow need not be served 40 times to be known); then the variant serves at the count whose
+trimmed-mean latency is lower than the configured count's with confidence by at least
+``margin``, else at the configured count. It decides again every ``reprobe_s`` (load changes). During a canary (and
 the demo's A/B) each arm serves at its own variant's chosen count, without probing, so the
-comparison is of the variants as they serve.
+comparison is of the variants as they serve; a variant not yet decided serves at the count of
+the latest decision (the incumbent's, usually), not the configured one (measured: with cold
+deployments of int8 variants on 2 cores, the new arm at the configured 2 threads raised the
+p99 of the swap windows over the steady ones, where the incumbent served at 1).
+``Settings.thread_tuning = False`` keeps every call at the configured count.
 
 Threading: :meth:`ThreadTuner.use` and :meth:`ThreadTuner.record` run on the executor's
 inference thread only (the thread whose intra-op setting they change); a call served inline on
@@ -55,6 +61,9 @@ log = logging.getLogger("pgc.agent")
 PROBE_BLOCK = 8
 #: Steady calls per thread count before deciding.
 CALLS_PER_ARM = 40
+#: Steady calls per count after which the probe may stop early (every other count is clearly
+#: faster or slower than the configured one).
+EARLY_CALLS = 14
 #: A count other than the configured one must be at least this much faster, with confidence.
 MARGIN = 0.03
 #: Probe again after this long.
@@ -93,9 +102,11 @@ class ThreadTuner:
         configured: int,
         *,
         calls_per_arm: int = CALLS_PER_ARM,
+        early_calls: int = EARLY_CALLS,
         block: int = PROBE_BLOCK,
         margin: float = MARGIN,
         reprobe_s: float = REPROBE_S,
+        only_configured: bool = False,
         owner: Callable[[], int | None] = lambda: None,
         notify: Callable[[str, dict[str, Any]], None] = lambda message, data: None,
         clock: Callable[[], float] = time.monotonic,
@@ -106,13 +117,15 @@ class ThreadTuner:
         self.configured = configured
         self._owner = owner
         self._notify = notify
-        self.candidates = candidates(configured)
+        self.candidates = (configured,) if only_configured else candidates(configured)
         self.calls_per_arm = calls_per_arm
+        self.early_calls = min(early_calls, calls_per_arm)
         self.block = block
         self.margin = margin
         self.reprobe_s = reprobe_s
         self._clock = clock
         self._probes: dict[int | None, _Probe] = {}
+        self._latest: int | None = None  # the count of the latest decision, for any variant
         self._lock = threading.Lock()  # status() reads from other threads
 
     def _probe(self, variant_id: int | None) -> _Probe:
@@ -135,7 +148,10 @@ class ThreadTuner:
             probe.chosen = None  # probe again, as for a new variant
             probe.samples = {n: [] for n in self.candidates}
         if probe.chosen is not None or not probing or len(self.candidates) == 1:
-            n, counted = probe.chosen or self.configured, False
+            # Undecided and not probing (a canary arm): the count the latest decision chose,
+            # since what made it fastest (the machine's load, the request pattern) holds for
+            # the next variant more often than the configured count does.
+            n, counted = probe.chosen or self._latest or self.configured, False
         else:
             k = probe.calls // self.block
             n = self.candidates[k % len(self.candidates)]
@@ -155,21 +171,29 @@ class ThreadTuner:
             return
         samples = probe.samples[use.threads]
         samples.append(elapsed_ms)
-        if all(len(s) >= self.calls_per_arm for s in probe.samples.values()):
-            self._decide(use.variant_id, probe)
+        counts = [len(s) for s in probe.samples.values()]
+        if min(counts) >= self.calls_per_arm:
+            self._decide(use.variant_id, probe, self._compare(probe))
+        elif min(counts) >= self.early_calls and probe.calls % self.block == 0:
+            # Probing costs the calls served at a slower count: stop as soon as every other
+            # count is faster or slower than the configured one by the margin, with confidence.
+            comparisons = self._compare(probe)
+            if all(c.high < 1.0 - self.margin or c.low > 1.0 + self.margin for c in comparisons.values()):
+                self._decide(use.variant_id, probe, comparisons)
 
-    def _decide(self, variant_id: int | None, probe: _Probe) -> None:
+    def _compare(self, probe: _Probe) -> dict[int, LiveComparison]:
         base = probe.samples[self.configured]
+        return {n: compare(s, base) for n, s in probe.samples.items() if n != self.configured}
+
+    def _decide(self, variant_id: int | None, probe: _Probe, comparisons: dict[int, LiveComparison]) -> None:
         best, best_cmp = self.configured, None
-        for n, samples in probe.samples.items():
-            if n == self.configured:
-                continue
-            c = compare(samples, base)
+        for n, c in comparisons.items():
             if c.high < 1.0 - self.margin and (best_cmp is None or c.ratio < best_cmp.ratio):
                 best, best_cmp = n, c
         with self._lock:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()
+            self._latest = best
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
         message = (f"variant {variant_id} serves at {best} intra-op thread(s), measured live: "
@@ -197,12 +221,14 @@ class ThreadTuner:
             }
 
 
-def tuner_for(executor: Any, profiler: Any) -> ThreadTuner:
+def tuner_for(executor: Any, profiler: Any, *, enabled: bool = True) -> ThreadTuner:
     """The tuner of a served model: it tunes the calls of its executor's inference thread
     (none without an executor: calls inline on request threads are left as they are), and its
-    decisions become the profiler's ``threads`` events (stored with the model's events)."""
+    decisions become the profiler's ``threads`` events (stored with the model's events).
+    ``enabled=False`` (``Settings.thread_tuning``): every call runs at the configured count."""
     return ThreadTuner(
         executor.threads if executor is not None else torch.get_num_threads(),
+        only_configured=not enabled,
         owner=lambda: None if executor is None else executor.ident,
         notify=lambda message, data: profiler.event("threads", "info", message, data),
     )

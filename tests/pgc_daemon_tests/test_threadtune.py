@@ -86,11 +86,43 @@ def test_each_variant_has_its_own_choice_and_a_canary_does_not_probe() -> None:
     _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400, variant=1)
     _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400, variant=2)
     assert (tuner.chosen(1), tuner.chosen(2)) == (1, 4)
-    # a canary (probing=False): each arm at its variant's choice, an unprobed one at the
-    # configured count, and nothing it serves counts toward a decision
+    # a canary (probing=False): each arm at its variant's choice, and nothing it serves counts
+    # toward a decision
     assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=1, probing=False)) == {1}
-    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=3, probing=False)) == {4}
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=2, probing=False)) == {4}
     assert tuner.chosen(3) is None
+
+
+def test_an_undecided_canary_arm_serves_at_the_latest_decision() -> None:
+    """Seen in bench/hotswap --cold: the incumbent int8 variant served at 1 thread, the new
+    arm of each canary at the configured 2, and the swaps' p99 rose over the steady one's."""
+    tuner = _tuner()
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 20, variant=3, probing=False)) == {4}
+    _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400, variant=2)
+    _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400, variant=1)  # the latest decision: 1
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=3, probing=False)) == {1}
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=2, probing=False)) == {4}
+    assert tuner.chosen(3) is None
+
+
+def test_a_clearly_slower_count_is_given_up_early_and_a_close_one_is_not() -> None:
+    me = threading.get_ident()
+    clear = ThreadTuner(2, owner=lambda: me, calls_per_arm=40, block=8, early_calls=14)
+    ran = _serve(clear, {2: 10.0, 1: 20.0}, 200)
+    decided_after = next(i for i in range(len(ran)) if all(n == 2 for n in ran[i:]))
+    assert clear.chosen(7) == 2
+    assert ran[:decided_after].count(1) <= 24  # three blocks, not the 40 counted calls
+    close = ThreadTuner(2, owner=lambda: me, calls_per_arm=40, block=8, early_calls=14)
+    ran = _serve(close, {2: 10.0, 1: 10.1}, 300)
+    assert close.chosen(7) == 2
+    assert ran.count(1) >= 40 + 40 // 7  # served until every count had all its calls
+
+
+def test_thread_tuning_off_serves_every_call_at_the_configured_count() -> None:
+    me = threading.get_ident()
+    tuner = ThreadTuner(4, owner=lambda: me, calls_per_arm=20, block=4, only_configured=True)
+    assert set(_serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 200)) == {4}
+    assert tuner.chosen(7) is None
 
 
 def test_the_choice_is_probed_again_after_a_while() -> None:
@@ -168,5 +200,20 @@ def test_a_served_model_serves_at_the_count_measured_fastest_and_says_so(
         events = wait_for(stored, what="the threads event in the store")
         assert "serves at 1 intra-op thread" in events[0].message
         assert events[0].data["threads"] == 1
+    finally:
+        served.close()
+
+
+def test_settings_can_turn_thread_tuning_off(settings: Settings) -> None:
+    torch.set_num_threads(2)
+    served = attach(_SlowerWithThreads(), name="untuned", executor=True,
+                    settings=settings.model_copy(update={"thread_tuning": False}))
+    try:
+        wait_for(lambda: served.model_id is not None, what="registration")
+        x = torch.zeros(3)
+        for _ in range(150):
+            assert torch.equal(served(x), x + 1)
+        assert served.tuner.candidates == (2,)
+        assert served.tuner.chosen(served.slot.variant_id) is None
     finally:
         served.close()
