@@ -22,8 +22,10 @@ threads of its own that end with it, so one case's OpenMP teams never slow the n
   store) serving the int8 variant, called from 2 request threads taking turns, with and
   without the executor; ``executor_ratio`` = executor latency / isolated latency;
 - throughput with 4 client threads calling as fast as answered: without the executor, with
-  it, and with micro-batching (``--max-batch``); ``batching_throughput_ratio`` = with
-  batching / executor without batching.
+  it, and with micro-batching allowed (``--max-batch``); ``batching_throughput_ratio`` = with
+  batching allowed / executor without it. Allowed, batching serves only where the agent
+  measured it raising throughput (:mod:`pgc_daemon.agent.batchchoice`): the window is measured
+  after that live decision under this load, and ``batching_chosen`` says what it was.
 
 Ratios are medians over rounds of the two cases' ratio in the same round. Other processes'
 load slows a lone spinning OpenMP team (isolated, executor) far more than several sleeping
@@ -137,8 +139,10 @@ def turn_taking_ms(served: Any, inputs: list[Any], calls: int, threads: int = RE
     return statistics.median(times)
 
 
-def throughput(served: Any, inputs: list[Any], seconds: float, clients: int = CLIENTS) -> float:
-    """Calls per second answered to ``clients`` threads each calling as soon as answered."""
+def throughput(served: Any, inputs: list[Any], seconds: float, clients: int = CLIENTS,
+               settled: Callable[[], bool] = lambda: True) -> float:
+    """Calls per second answered to ``clients`` threads each calling as soon as answered,
+    measured once ``settled()`` (the agent's live choices made under this load; at most 120 s)."""
     counts = [0] * clients
     stop = threading.Event()
 
@@ -154,6 +158,9 @@ def throughput(served: Any, inputs: list[Any], seconds: float, clients: int = CL
     for w in workers:
         w.start()
     time.sleep(min(1.0, seconds / 3))  # warm-up: teams, first calls
+    deadline = time.monotonic() + 120
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.05)
     n0, t0 = sum(counts), time.perf_counter()
     time.sleep(seconds)
     n1, t1 = sum(counts), time.perf_counter()
@@ -292,13 +299,16 @@ def main() -> int:
                             ("tput_executor", {"executor": True}),
                             ("tput_batching", {"max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms})):
                 with serving(f"minilm-{key}", **kw) as served:
-                    ms[key].append(throughput(served, inputs, args.seconds))
+                    choice = served.executor.choice if served.executor is not None else None
+                    ms[key].append(throughput(served, inputs, args.seconds, settled=lambda c=choice: (
+                        c is None or c.chosen is not None)))
                     if served.executor is not None:
                         out.setdefault(f"{key}_threads", []).append(served.tuner.chosen(None))
                     if key == "tput_batching":
                         status = served.executor.status()
                         out.setdefault("batched_calls", []).append(status["batched_calls"])
                         out.setdefault("batches", []).append(status["batches"])
+                        out.setdefault("batching_chosen", []).append(status["batching"])
             print(f"part 2: round {r + 1}/{args.rounds}: "
                   + ", ".join(f"{k} {v[-1]:.2f}" for k, v in ms.items()), file=sys.stderr, flush=True)
 
@@ -334,8 +344,9 @@ def main() -> int:
     print(f"\nthroughput, {CLIENTS} client threads:")
     print(f"  without the executor         {med['tput_no_executor']:7.1f} calls/s")
     print(f"  with the executor            {med['tput_executor']:7.1f} calls/s")
-    print(f"  with micro-batching (<= {args.max_batch})   {med['tput_batching']:7.1f} calls/s  "
-          f"{out['batching_throughput_ratio']:5.2f}x")
+    chosen = [c["batching"] if c else None for c in out.get("batching_chosen", [])]
+    print(f"  micro-batching allowed (<= {args.max_batch}) {med['tput_batching']:7.1f} calls/s  "
+          f"{out['batching_throughput_ratio']:5.2f}x  (batching chosen live: {chosen})")
     if args.json:
         print(json.dumps(out), flush=True)
     return 0

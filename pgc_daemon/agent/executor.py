@@ -29,15 +29,16 @@ was still queued while the inference thread was stuck on one call for ``stall_s`
 model that waits for another thread calling the served object). :meth:`stop` serves what was
 queued before it, then ends the thread; calls arriving meanwhile run inline.
 
-**Micro-batching** (``max_batch`` > 1; off by default): calls waiting together (the first waits
-up to ``max_delay_ms`` from its arrival for others) whose inputs have the same structure, the
-same non-tensor values and tensors of the same dtype, device and shape but for dim 0, are
-concatenated along dim 0 and run as one call; every output tensor is split back along dim 0.
-Only for models whose rows are independent (each output row depends on its input row alone),
-which is the user's promise in asking for it. Calls that do not match run one by one; a
-batched run that raises, or whose outputs are not tensors with the batch's total on dim 0, is
-run again call by call, so each caller gets its own result or error (the latter also turns
-batching off for the executor). The request path sees one call per batch (profiling, the
+**Micro-batching** (``max_batch`` > 1; off by default; where allowed, it serves only while it
+raises throughput, measured live: :mod:`~pgc_daemon.agent.batchchoice`): calls waiting together
+(the first waits up to ``max_delay_ms`` from its arrival for others) whose inputs have the same
+structure, the same non-tensor values and tensors of the same dtype, device and shape but for
+dim 0, are concatenated along dim 0 and run as one call; every output tensor is split back
+along dim 0. Only for models whose rows are independent (each output row depends on its input
+row alone), which is the user's promise in asking for it. Calls that do not match run one by
+one; a batched run that raises, or whose outputs are not tensors with the batch's total on dim
+0, is run again call by call, so each caller gets its own result or error (the latter also
+turns batching off for the executor). The request path sees one call per batch (profiling, the
 reservoir and the canary see the batched inputs, which are what the model really runs).
 """
 
@@ -52,6 +53,8 @@ from typing import Any, Self
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from pgc_daemon.agent.batchchoice import BatchChoice
 
 log = logging.getLogger("pgc.agent")
 
@@ -92,6 +95,7 @@ class Executor:
         max_batch: int = 1,
         max_delay_ms: float = 2.0,
         stall_s: float = STALL_S,
+        choice: BatchChoice | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -112,6 +116,10 @@ class Executor:
         self.batching_off: str | None = None
         """Why micro-batching was turned off (a model whose outputs cannot be split)."""
         self.calls = self.inline = self.batches = self.batched_calls = 0
+        self.choice = (choice or BatchChoice()) if max_batch > 1 else None
+        """Whether micro-batching serves now, chosen on live traffic (None: it may not)."""
+        self.batch_calls = 1
+        """Calls in the run on the inference thread now (more than one: a batch)."""
 
     # ------------------------------------------------------------------ owner
 
@@ -145,6 +153,7 @@ class Executor:
             "inline": self.inline, "queued": self._queue.qsize(), "max_batch": self.max_batch,
             "batches": self.batches, "batched_calls": self.batched_calls,
             "batching_off": self.batching_off,
+            "batching": None if self.choice is None else self.choice.status(),
         }
 
     # ------------------------------------------------------------------ request threads
@@ -207,11 +216,16 @@ class Executor:
                 if not self._claim(item):
                     continue
                 pending = [item]
-                if self.max_batch > 1 and self.batching_off is None:
+                choice = self.choice if self.batching_off is None else None
+                if choice is not None and choice.batching():
                     self._gather(pending)
                 self._busy_since = time.monotonic()
+                t0 = time.perf_counter_ns()
                 self._run(pending)
                 self._busy_since = None
+                if choice is not None:
+                    busy_ns = time.perf_counter_ns() - t0
+                    choice.record([c.at for c in pending], busy_ns, time.monotonic())
                 pending = []  # let the last batch's tensors go
             while True:  # stopped: serve what was queued before the stop
                 try:
@@ -293,7 +307,11 @@ class Executor:
             merged = [_cat([leaves[i] for _, leaves, _ in group]) if torch.is_tensor(x) else x
                       for i, x in enumerate(first)]
             args, kwargs = tree_unflatten(merged, spec)
-            out = self._fn(args, kwargs)
+            self.batch_calls = len(group)
+            try:
+                out = self._fn(args, kwargs)
+            finally:
+                self.batch_calls = 1
         except BaseException:  # noqa: BLE001 - run alone, each caller gets its own error
             log.debug("a batched call failed; serving its calls one by one", exc_info=True)
             return False
@@ -319,10 +337,11 @@ class Executor:
 
 
 def executor_for(
-    fn: Callable[[tuple[Any, ...], dict[str, Any]], Any], name: str, options: dict[str, Any] | None
+    fn: Callable[[tuple[Any, ...], dict[str, Any]], Any], name: str, options: dict[str, Any] | None,
+    choice: BatchChoice | None = None,
 ) -> Executor | None:
     """An executor for ``fn`` with ``options`` (:class:`Executor`'s keywords); None for None."""
-    return None if options is None else Executor(fn, name=name, **options)
+    return None if options is None else Executor(fn, name=name, choice=choice, **options)
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from pgc_daemon.agent.batchchoice import choice_for
 from pgc_daemon.agent.executor import executor_for
 from pgc_daemon.agent.lifecycle import Lifecycle
 from pgc_daemon.agent.live import LiveRecord
@@ -44,9 +45,8 @@ class ServedModel(Lifecycle):
     """A callable that serves through the active variant of a model. Create with
     :func:`~pgc_daemon.agent.attach`; it is the swapper's :class:`~pgc_daemon.agent.contract.Served`."""
 
-    def __init__(
-        self, registry: Registry, profiler: ProfilerConfig, executor: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, registry: Registry, profiler: ProfilerConfig,
+                 executor: dict[str, Any] | None = None) -> None:
         self.registry = registry
         self.base = registry.base
         self.reservoir = registry.reservoir
@@ -59,12 +59,12 @@ class ServedModel(Lifecycle):
         self._ab_calls = 0
         self._in_flight: set[object] = set()
         self.swapper = Swapper(self)
-        self.profiler = Profiler(  # host samples taken while a deployment runs are not a leak
-            profiler, sink=registry.export, quiet=lambda: not self.swapper.busy.is_set(),
-            serving=lambda: self._slot.variant_id,
-        )
+        self.profiler = Profiler(profiler, sink=registry.export,  # quiet: no leak while deploying
+                                 serving=lambda: self._slot.variant_id,
+                                 quiet=lambda: not self.swapper.busy.is_set())
         self.profiler.watch(self.base)
-        self.executor = executor_for(self._serve, registry.name, executor)  # None: inline
+        self.executor = executor_for(self._serve, registry.name, executor,  # None: inline
+                                     choice_for(executor, lambda: registry.policy, self.profiler))
         self._submit = self._serve if self.executor is None else self.executor.submit
         self.tuner = tuner_for(self.executor, self.profiler, enabled=self.settings.thread_tuning)
 

@@ -13,17 +13,17 @@ one.
 
 What it does: for the variant that serves alone (no canary), calls go in alternating blocks to
 each candidate thread count (the configured count, half of it, and one) until every count has
-``calls_per_arm`` steady calls (or, earlier, from ``early_calls`` on, once every other count
-is faster or slower than the configured one by the margin with confidence: a count twice as
-slow need not be served 40 times to be known); then the variant serves at the count whose
+``calls_per_arm`` steady calls (or, earlier, from ``early_calls`` on, once every other count is
+faster or slower than the configured one by the margin with confidence: a count twice as slow
+need not be served 40 times to be known); then the variant serves at the count whose
 trimmed-mean latency is lower than the configured count's with confidence by at least
-``margin``, else at the configured count. It decides again every ``reprobe_s`` (load changes). During a canary (and
-the demo's A/B) each arm serves at its own variant's chosen count, without probing, so the
-comparison is of the variants as they serve; a variant not yet decided serves at the count of
-the latest decision (the incumbent's, usually), not the configured one (measured: with cold
-deployments of int8 variants on 2 cores, the new arm at the configured 2 threads raised the
-p99 of the swap windows over the steady ones, where the incumbent served at 1).
-``Settings.thread_tuning = False`` keeps every call at the configured count.
+``margin``, else at the configured count. It decides again every ``reprobe_s`` (load changes).
+During a canary (and the demo's A/B) each arm serves at its own variant's chosen count, without
+probing, so the comparison is of the variants as they serve; a variant not yet decided serves
+at the count of the latest decision (the incumbent's, usually), not the configured one
+(measured: with cold deployments of int8 variants on 2 cores, the new arm at the configured 2
+threads raised the p99 of the swap windows over the steady ones, where the incumbent served at
+1). ``Settings.thread_tuning = False`` keeps every call at the configured count.
 
 Threading: :meth:`ThreadTuner.use` and :meth:`ThreadTuner.record` run on the executor's
 inference thread only (the thread whose intra-op setting they change); a call served inline on
@@ -108,14 +108,18 @@ class ThreadTuner:
         reprobe_s: float = REPROBE_S,
         only_configured: bool = False,
         owner: Callable[[], int | None] = lambda: None,
+        batched: Callable[[], bool] = lambda: False,
         notify: Callable[[str, dict[str, Any]], None] = lambda message, data: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``owner``: the ident of the thread whose calls are tuned (the executor's inference
-        thread; None: no call is). ``notify(message, data)`` hears every decision, on that
-        thread (keep it cheap)."""
+        thread; None: no call is). ``batched()``: the call now is a micro-batch of several
+        (it runs at the configured count and is not measured: the choice is for single calls,
+        whose short parallel regions are what a smaller team serves faster).
+        ``notify(message, data)`` hears every decision, on that thread (keep it cheap)."""
         self.configured = configured
         self._owner = owner
+        self._batched = batched
         self._notify = notify
         self.candidates = (configured,) if only_configured else candidates(configured)
         self.calls_per_arm = calls_per_arm
@@ -143,6 +147,10 @@ class ThreadTuner:
         may try another count."""
         if threading.get_ident() != self._owner():
             return None
+        if self._batched():
+            if torch.get_num_threads() != self.configured:
+                set_thread_count(self.configured)
+            return Use(variant_id, self.configured, counted=False)
         probe = self._probe(variant_id)
         if probe.chosen is not None and self._clock() - probe.decided_at > self.reprobe_s:
             probe.chosen = None  # probe again, as for a new variant
@@ -178,14 +186,17 @@ class ThreadTuner:
             # Probing costs the calls served at a slower count: stop as soon as every other
             # count is faster or slower than the configured one by the margin, with confidence.
             comparisons = self._compare(probe)
-            if all(c.high < 1.0 - self.margin or c.low > 1.0 + self.margin for c in comparisons.values()):
+            m = self.margin
+            if all(c.high < 1.0 - m or c.low > 1.0 + m for c in comparisons.values()):
                 self._decide(use.variant_id, probe, comparisons)
 
     def _compare(self, probe: _Probe) -> dict[int, LiveComparison]:
         base = probe.samples[self.configured]
         return {n: compare(s, base) for n, s in probe.samples.items() if n != self.configured}
 
-    def _decide(self, variant_id: int | None, probe: _Probe, comparisons: dict[int, LiveComparison]) -> None:
+    def _decide(
+        self, variant_id: int | None, probe: _Probe, comparisons: dict[int, LiveComparison]
+    ) -> None:
         best, best_cmp = self.configured, None
         for n, c in comparisons.items():
             if c.high < 1.0 - self.margin and (best_cmp is None or c.ratio < best_cmp.ratio):
@@ -230,6 +241,7 @@ def tuner_for(executor: Any, profiler: Any, *, enabled: bool = True) -> ThreadTu
         executor.threads if executor is not None else torch.get_num_threads(),
         only_configured=not enabled,
         owner=lambda: None if executor is None else executor.ident,
+        batched=lambda: executor is not None and executor.batch_calls > 1,
         notify=lambda message, data: profiler.event("threads", "info", message, data),
     )
 
