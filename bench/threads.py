@@ -25,7 +25,9 @@ threads of its own that end with it, so one case's OpenMP teams never slow the n
   it, and with micro-batching allowed (``--max-batch``); ``batching_throughput_ratio`` = with
   batching allowed / executor without it. Allowed, batching serves only where the agent
   measured it raising throughput (:mod:`pgc_daemon.agent.batchchoice`): the window is measured
-  after that live decision under this load, and ``batching_chosen`` says what it was.
+  after that live decision under this load, and ``batching_chosen`` says what it was. The same
+  for fp32 eager served as the variant (``fp32_batching_throughput_ratio``), whose batch of 4
+  costs less than 4 calls where the int8 variant's (compiled for batch 1) costs more.
 
 Ratios are medians over rounds of the two cases' ratio in the same round. Other processes'
 load slows a lone spinning OpenMP team (isolated, executor) far more than several sleeping
@@ -45,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -174,7 +177,7 @@ class Serving:
     """A real attached model serving the compiled variant, for one case, closed after it."""
 
     def __init__(self, base: Any, variant: Any, settings: Settings, name: str,
-                 inputs: list[Any], **kw: Any) -> None:
+                 inputs: list[Any], label: str = "int8 dynamic + Inductor", **kw: Any) -> None:
         # metric given: the agent need not run the base once to pick it (in its swapper thread)
         self.served = attach(base, name=name, settings=settings, metric="cosine", **kw)
         deadline = time.monotonic() + 60
@@ -182,7 +185,7 @@ class Serving:
             time.sleep(0.02)
         if self.served.model_id is None:
             raise RuntimeError("the agent did not register with the store")
-        self.slot = Slot(variant.module, None, "int8 dynamic + Inductor", variant.hookable)
+        self.slot = Slot(variant.module, None, label, variant.hookable)
         self.served.swap(self.slot)
         self.threads = self._settle(inputs)
 
@@ -199,7 +202,9 @@ class Serving:
         while time.monotonic() - start < 120:
             if served.slot.module is not self.slot.module:
                 served.swap(self.slot)
-            settled = served.executor is None or served.tuner.chosen(None) is not None
+            # the slot's variant id: None for the int8 variant (the store does not know it), the
+            # base's own id once the agent's first look put the base's slot back (fp32)
+            settled = served.executor is None or served.tuner.chosen(served.slot.variant_id) is not None
             if settled and time.monotonic() - start >= at_least_s:
                 break
             ids, mask = inputs[i % len(inputs)]
@@ -207,7 +212,7 @@ class Serving:
             i += 1
         if served.slot.module is not self.slot.module:
             raise RuntimeError("the variant does not serve after settling")
-        return served.tuner.chosen(None)
+        return served.tuner.chosen(served.slot.variant_id)
 
     def __enter__(self) -> Any:
         return self.served
@@ -276,7 +281,8 @@ def main() -> int:
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__, "isa": isa, **out}
 
     keys = ("isolated", "executor", "no_executor")
-    tput_keys = ("tput_no_executor", "tput_executor", "tput_batching")
+    tput_keys = ("tput_no_executor", "tput_executor", "tput_batching", "tput_fp32_executor", "tput_fp32_batching")
+    fp32 = types.SimpleNamespace(module=base, hookable=True)  # served as the variant
     ms: dict[str, list[float]] = {k: [] for k in keys + tput_keys}
     with tempfile.TemporaryDirectory(prefix="pgc-bench-threads-") as tmp:
         # the agent serves a variant the store does not know: with its usual 1 s poll it
@@ -284,6 +290,8 @@ def main() -> int:
         settings = Settings(store_url=f"sqlite:///{tmp}/pgc.db", work_dir=f"{tmp}/work", poll_s=3600)
 
         def serving(name: str, **kw: Any) -> Serving:
+            if "fp32" in name:
+                return Serving(base, fp32, settings, name, inputs, label="fp32 eager", **kw)
             return Serving(base, variant, settings, name, inputs, **kw)
 
         for r in range(args.rounds):
@@ -294,21 +302,25 @@ def main() -> int:
                 with serving(f"minilm-{key}", executor=on) as served:
                     ms[key].append(turn_taking_ms(served, inputs, args.calls))
                     if on:  # the intra-op count the agent chose for the variant, live
-                        out.setdefault("executor_threads", []).append(served.tuner.chosen(None))
+                        out.setdefault("executor_threads", []).append(served.tuner.chosen(served.slot.variant_id))
+            batching = {"max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms}
             for key, kw in (("tput_no_executor", {"executor": False}),
                             ("tput_executor", {"executor": True}),
-                            ("tput_batching", {"max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms})):
+                            ("tput_batching", batching),
+                            ("tput_fp32_executor", {"executor": True}),
+                            ("tput_fp32_batching", batching)):
                 with serving(f"minilm-{key}", **kw) as served:
                     choice = served.executor.choice if served.executor is not None else None
                     ms[key].append(throughput(served, inputs, args.seconds, settled=lambda c=choice: (
                         c is None or c.chosen is not None)))
                     if served.executor is not None:
-                        out.setdefault(f"{key}_threads", []).append(served.tuner.chosen(None))
-                    if key == "tput_batching":
-                        status = served.executor.status()
-                        out.setdefault("batched_calls", []).append(status["batched_calls"])
-                        out.setdefault("batches", []).append(status["batches"])
-                        out.setdefault("batching_chosen", []).append(status["batching"])
+                        out.setdefault(f"{key}_threads", []).append(
+                            served.tuner.chosen(served.slot.variant_id))
+                    if key.endswith("_batching"):
+                        status, tag = served.executor.status(), key.removeprefix("tput_")
+                        out.setdefault(f"{tag}_batched_calls", []).append(status["batched_calls"])
+                        out.setdefault(f"{tag}_batches", []).append(status["batches"])
+                        out.setdefault(f"{tag}_chosen", []).append(status["batching"])
             print(f"part 2: round {r + 1}/{args.rounds}: "
                   + ", ".join(f"{k} {v[-1]:.2f}" for k, v in ms.items()), file=sys.stderr, flush=True)
 
@@ -327,6 +339,9 @@ def main() -> int:
         "throughput_batching": med["tput_batching"], "max_batch": args.max_batch,
         "max_delay_ms": args.max_delay_ms,
         "batching_throughput_ratio": paired("tput_batching", "tput_executor"),
+        "throughput_fp32_executor": med["tput_fp32_executor"],
+        "throughput_fp32_batching": med["tput_fp32_batching"],
+        "fp32_batching_throughput_ratio": paired("tput_fp32_batching", "tput_fp32_executor"),
         "executor_throughput_ratio": paired("tput_executor", "tput_no_executor"),
         "rounds": args.rounds, "samples": ms,
     })
@@ -347,6 +362,10 @@ def main() -> int:
     chosen = [c["batching"] if c else None for c in out.get("batching_chosen", [])]
     print(f"  micro-batching allowed (<= {args.max_batch}) {med['tput_batching']:7.1f} calls/s  "
           f"{out['batching_throughput_ratio']:5.2f}x  (batching chosen live: {chosen})")
+    chosen = [c["batching"] if c else None for c in out.get("fp32_batching_chosen", [])]
+    print(f"fp32 eager, with the executor    {med['tput_fp32_executor']:7.1f} calls/s")
+    print(f"  micro-batching allowed (<= {args.max_batch}) {med['tput_fp32_batching']:7.1f} calls/s  "
+          f"{out['fp32_batching_throughput_ratio']:5.2f}x  (batching chosen live: {chosen})")
     if args.json:
         print(json.dumps(out), flush=True)
     return 0

@@ -201,6 +201,17 @@ class _Families:
         self.threads = GaugeMetricFamily(
             "pgc_serving_process_threads", "Threads of the model server process", labels=["model"]
         )
+        self.leak_warnings = CounterMetricFamily(
+            "pgc_leak_warnings",
+            "Leak warnings: steady RSS growth of the serving process while one variant served",
+            labels=["model"],
+        )
+        self.leak_growth = GaugeMetricFamily(
+            "pgc_leak_growth_bytes_per_second",
+            f"RSS growth rate of the latest leak warning, while it is under {int(HOST_STATS_S)} s "
+            "old, by the variant that served",
+            labels=["model", "variant_id"],
+        )
         self.online = GaugeMetricFamily(
             "pgc_model_online",
             "Whether the model's agent reported in the last 120 s (1) or not (0)",
@@ -351,6 +362,13 @@ class StoreCollector(Collector):
             f.rss.add_metric([name], last.rss_bytes)
             f.cpu.add_metric([name], last.cpu_percent / 100.0)
             f.threads.add_metric([name], last.threads)
+        f.leak_warnings.add_metric([name], float(st.repo.count_events(s, model.id, "leak")))
+        leaks = st.repo.list_events(s, model.id, kind="leak", limit=1)
+        if leaks and leaks[0].at >= now - HOST_STATS_S:
+            data = leaks[0].data or {}
+            variant = data.get("variant")
+            f.leak_growth.add_metric([name, "" if variant is None else str(variant)],
+                                     float(data.get("slope_bytes_per_s", 0.0)))
         f.online.add_metric([name], float(now - model.last_seen_at < 120))
 
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from store._errors import NotFound
@@ -135,6 +135,12 @@ def add_event(
     s.add(ev)
     s.flush()
     return ev
+
+
+def count_events(s: Session, model_id: int, kind: str) -> int:
+    return s.scalar(
+        select(func.count(Event.id)).where(Event.model_id == model_id, Event.kind == kind)
+    ) or 0
 
 
 def list_events(

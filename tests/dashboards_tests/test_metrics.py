@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 GRAFANA = Path(__file__).resolve().parents[2] / "dashboards" / "grafana" / "pgc.json"
 RSS = 123_456_789
 SLO_MS = 50.0
+LEAK_SLOPE = 4096.0
 
 
 def tool(name: str) -> str:
@@ -50,6 +51,11 @@ def metrics_store(real_data: RealData, tmp_path_factory: pytest.TempPathFactory)
                 model_id=model.id, variant_id=None, at=time.time(), cpu_percent=150.0,
                 rss_bytes=RSS, threads=7, ctx_switches=1000, extra=None,
             )])
+            # two leak warnings as the profiler stores them; the newer one is exported
+            for slope in (1000.0, LEAK_SLOPE):
+                st.repo.add_event(s, model.id, "leak", "RSS grew steadily: a possible leak",
+                                  level="warning", data={"variant": real_data.deployed_variant_id,
+                                                         "slope_bytes_per_s": slope})
     finally:
         store.close()
     return url
@@ -103,6 +109,7 @@ def test_metrics_are_the_stores_numbers(metrics_text: str, metrics_store: str, r
             deps = st.repo.list_deployments(s, model.id)
             ever = [{t.to_state for t in d.transitions} for d in deps]  # every state each reached
             layers = st.repo.layer_profile(s, model.id, variant_id=min(variants))
+            leaks = st.repo.count_events(s, model.id, "leak")
     finally:
         store.close()
 
@@ -151,6 +158,9 @@ def test_metrics_are_the_stores_numbers(metrics_text: str, metrics_store: str, r
     assert next(x.value for x in by_name["pgc_build_duration_seconds_count"]) == len(builds) > 0
     assert next(x.value for x in by_name["pgc_serving_process_resident_memory_bytes"]) == RSS
     assert next(x.value for x in by_name["pgc_serving_process_cpu_ratio"]) == 1.5
+    assert next(x.value for x in by_name["pgc_leak_warnings_total"]) == leaks >= 2
+    (growth,) = by_name["pgc_leak_growth_bytes_per_second"]
+    assert growth.value == LEAK_SLOPE and growth.labels["variant_id"] == str(real_data.deployed_variant_id)
     assert next(x.value for x in by_name["pgc_policy_latency_target_seconds"]) == SLO_MS / 1000
     active = by_name["pgc_active_variant_info"]
     assert len(active) == 1 and active[0].labels["variant_id"] == str(real_data.deployed_variant_id)
