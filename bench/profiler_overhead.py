@@ -31,7 +31,10 @@ Estimators (fractions of plain serving time; 0.005 = 0.5%):
   the effect on a busy machine.
 - ``*_self_measured``: what the profiler itself reported (the number the API shows).
 
-    python bench/profiler_overhead.py [--rounds 300] [--cnn-rounds 1500] [--json]
+Concurrent case (``concurrent`` in the JSON, :mod:`_concurrent_sampling`): 4 request threads
+while a fifth has every call sampled, the overhead on the unsampled threads.
+
+    python bench/profiler_overhead.py [--rounds 300] [--cnn-rounds 1500] [--phases 6] [--json]
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import store as st  # noqa: E402
 from pgc_daemon.agent.rows import window_rows  # noqa: E402
 from profiler import Profiler, ProfilerConfig, Window  # noqa: E402
+
+from _concurrent_sampling import REQUEST_THREADS, concurrent  # noqa: E402
 
 _tt = time.thread_time_ns
 _pc = time.perf_counter_ns
@@ -318,6 +323,15 @@ def render(results: dict[str, Any]) -> None:
             f"{r['torch_profiler_overhead']:.1%} ({r['torch_profiler_calls_only_overhead']:.1%} calls only)",
         )
     console.print(table)
+    for name, r in results.items():
+        c = r.get("concurrent") if isinstance(r, dict) else None
+        if c:
+            lo, hi = c["unsampled_overhead_ci95"]
+            console.print(
+                f"{name}, concurrent: {c['request_threads']} request threads while another thread's every "
+                f"call is sampled: {c['profiled_cpu_us_per_call']:.0f} vs {c['plain_cpu_us_per_call']:.0f} "
+                f"CPU µs per call, {c['unsampled_overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] on the unsampled threads"
+            )
     console.print(
         "default: begin/end timed in place on unsampled calls + paired difference on sampled "
         "calls + the profiler's threads (their CPU clocks); direct: sum(instrumented)/sum(plain) "
@@ -335,6 +349,8 @@ def main() -> int:
     ap.add_argument("--cnn-rounds", type=int, default=1500, help="interleaved rounds on the CNN (default 1500)")
     ap.add_argument("--blocks", type=int, default=8, help="torch.profiler blocks per model (default 8)")
     ap.add_argument("--block", type=int, default=16, help="calls per torch.profiler block (default 16)")
+    ap.add_argument("--phases", type=int, default=6, help="concurrent case: profiled/plain phase pairs (default 6)")
+    ap.add_argument("--phase-s", type=float, default=2.0, help="concurrent case: seconds per phase (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--models", default="minilm,cnn", help="comma-separated: minilm, cnn")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -342,8 +358,8 @@ def main() -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or any(m not in ("minilm", "cnn") for m in models):
         ap.error("--models takes minilm and/or cnn")
-    if min(args.rounds, args.cnn_rounds, args.blocks, args.block, args.threads) < 1:
-        ap.error("--rounds, --cnn-rounds, --blocks, --block and --threads must be positive")
+    if min(args.rounds, args.cnn_rounds, args.blocks, args.block, args.threads, args.phases) < 1 or args.phase_s <= 0:
+        ap.error("--rounds, --cnn-rounds, --blocks, --block, --threads, --phases and --phase-s must be positive")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     results: dict[str, Any] = {
@@ -361,6 +377,9 @@ def main() -> int:
             res = interleaved(name, model, inputs, rounds, store)
             log(f"{name}: torch.profiler, {args.blocks} blocks of {args.block} calls vs plain blocks")
             res.update(torch_profiler(name, model, inputs, args.blocks, args.block))
+            log(f"{name}: concurrent: {REQUEST_THREADS} request threads while another is sampled, "
+                f"{args.phases} pairs of {args.phase_s:.0f} s phases")
+            res["concurrent"] = concurrent(model, inputs, args.phases, args.phase_s)
             results[name] = res
             log(f"{name}: default {res['default_overhead']:.3%}, 100% {res['full_overhead']:.1%}, "
                 f"torch.profiler {res['torch_profiler_overhead']:.1%}")

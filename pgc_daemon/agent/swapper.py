@@ -336,7 +336,8 @@ class Swapper:
                 "the previous module",
                 swap_ms=swap_ms,
             )
-            result = canary.run(served, slot, previous, policy, self._stop, self._moved)
+            result = canary.run(served, slot, previous, policy, self._stop, self._moved,
+                                canary.tolerance_for(source, policy))
         else:
             result = canary.Verdict(True, f"verified fidelity {verified:.4f}; no canary", {})
         reason, live = result.reason, result.live

@@ -4,7 +4,7 @@ evidence (too little traffic, too few shadow samples)."""
 
 from __future__ import annotations
 
-from pgc_daemon.agent.canary import MIN_CANARY_CALLS, verdict
+from pgc_daemon.agent.canary import MIN_CANARY_CALLS, tolerance_for, verdict
 from pgc_daemon.policy import Policy
 from pgc_daemon.states import D
 
@@ -56,3 +56,17 @@ def test_too_few_shadow_samples_do_not_count_as_checked() -> None:
     assert "too few shadow samples to check fidelity: 1 of 2" in reason
     # without shadow checks asked for, latency alone decides
     assert verdict(_ms(10.0), _ms(10.0), [], NO_SHADOW, "top1").keep
+
+
+def test_a_deployment_made_to_be_faster_must_not_be_slower_live() -> None:
+    """11% slower live: within the 15% tolerance for what is deployed for other reasons, not
+    for the search's deployments under ``fastest``."""
+    assert verdict(_ms(11.1), _ms(10.0), [], NO_SHADOW, "top1").keep
+    keep, reason, live, end = verdict(_ms(11.1), _ms(10.0), [], NO_SHADOW, "top1", 0.0)
+    assert not keep and end == D.ROLLED_BACK and "must not be" in reason
+    assert verdict(_ms(9.5), _ms(10.0), [], NO_SHADOW, "top1", 0.0).keep
+    assert tolerance_for("search", NO_SHADOW) == 0.0
+    assert tolerance_for("manual", NO_SHADOW) is None
+    assert tolerance_for("rollback", NO_SHADOW) is None
+    most_accurate = Policy(objective="most_accurate", latency_target_ms=50.0)
+    assert tolerance_for("search", most_accurate) is None

@@ -1,0 +1,122 @@
+"""The ``concurrent`` case of ``bench/profiler_overhead.py``: what does one thread's sampled call
+cost the calls other threads serve at the same time?
+
+Per-layer hooks are module hooks: while one call is sampled they are attached for every
+thread, and the other threads' calls run through them (each returns at once on seeing another
+thread). Here 4 request threads call the model through the profiler's ``begin``/``end`` as
+the agent does (never sampled themselves), while a fifth thread calls it with **every** call
+sampled, so hooks are attached nearly all the time: the worst case of another thread being
+sampled. Phases of ``phase_s`` alternate with a plain phase (all five threads call the model
+without the profiler), and the 4 request threads' CPU time per call (their own thread CPU
+clocks, so preemption and GIL waits do not count) is compared between the two kinds of phase:
+``unsampled_overhead`` with a bootstrap 95% interval over phase pairs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from profiler import Profiler, ProfilerConfig
+
+REQUEST_THREADS = 4
+
+
+def _profiled(phase: int) -> bool:
+    """Phases 1-2, 3-4, ... are pairs, one profiled and one plain, in alternating order."""
+    first = (phase - 1) % 2 == 0
+    return first if ((phase - 1) // 2) % 2 == 0 else not first
+
+
+def concurrent(
+    model: torch.nn.Module, inputs: list[tuple[Any, ...]], phases: int, phase_s: float
+) -> dict[str, Any]:
+    # the request threads are never sampled: one call in a billion, no budget to change it
+    prof = Profiler(ProfilerConfig(sample_every=10**9, max_sample_every=10**9, budget=None,
+                                   host_interval_s=None))
+    prof.watch(model)
+    prof.start()
+    profiled = threading.Event()  # set: a profiled phase
+    stop = threading.Event()
+    lock = threading.Lock()
+    # per phase: (CPU ns, calls) summed over the request threads
+    per_phase: list[list[int]] = [[0, 0] for _ in range(2 * phases + 1)]
+    phase = [0]
+    sampled = [0]
+
+    def request(k: int) -> None:
+        i = k
+        with torch.inference_mode():
+            while not stop.is_set():
+                args = inputs[i % len(inputs)]
+                i += REQUEST_THREADS
+                p, on = phase[0], profiled.is_set()
+                c0 = time.thread_time_ns()
+                if on:
+                    token = prof.begin(model)
+                    t0 = time.perf_counter_ns()
+                    model(*args)
+                    prof.end(token, 1, args, {}, time.perf_counter_ns() - t0)
+                else:
+                    model(*args)
+                c1 = time.thread_time_ns()
+                if phase[0] == p:  # a call that straddles phases counts for neither
+                    with lock:
+                        per_phase[p][0] += c1 - c0
+                        per_phase[p][1] += 1
+
+    def sampled_caller() -> None:
+        i = 0
+        with torch.inference_mode():
+            while not stop.is_set():
+                args = inputs[i % len(inputs)]
+                i += 1
+                token = prof._begin_sampled(model) if profiled.is_set() else None  # every call
+                t0 = time.perf_counter_ns()
+                model(*args)
+                if token is not None:
+                    prof.end(token, 1, args, {}, time.perf_counter_ns() - t0)
+                    sampled[0] += 1
+
+    threads = [threading.Thread(target=request, args=(k,), daemon=True) for k in range(REQUEST_THREADS)]
+    threads.append(threading.Thread(target=sampled_caller, daemon=True))
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(phase_s)  # warm-up, phase 0: not counted
+        for p in range(1, 2 * phases + 1):
+            if _profiled(p):
+                profiled.set()
+            else:
+                profiled.clear()
+            phase[0] = p
+            time.sleep(phase_s)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        prof.stop()
+    on_us, off_us = [], []
+    for p in range(1, 2 * phases + 1):
+        ns, calls = per_phase[p]
+        (on_us if _profiled(p) else off_us).append(ns / max(calls, 1) / 1e3)
+    on_a, off_a = np.array(on_us), np.array(off_us)
+    n = min(len(on_a), len(off_a))
+    ratios = on_a[:n] / off_a[:n]  # paired: phase 2j-1 with 2j
+    rng = np.random.default_rng(0)
+    boot = ratios[rng.integers(0, n, (2000, n))].mean(1) - 1
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {
+        "request_threads": REQUEST_THREADS,
+        "phases": phases,
+        "phase_s": phase_s,
+        "plain_cpu_us_per_call": float(np.median(off_a)),
+        "profiled_cpu_us_per_call": float(np.median(on_a)),
+        "unsampled_overhead": float(ratios.mean() - 1),
+        "unsampled_overhead_ci95": [float(lo), float(hi)],
+        "sampled_calls_other_thread": sampled[0],
+    }
