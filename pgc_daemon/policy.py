@@ -53,6 +53,7 @@ class DeploySettings:
     auto_deploy: bool
     canary_s: float
     canary_latency_tolerance: float
+    canary_search_tolerance: float
     canary_shadow_samples: int
 
 
@@ -72,6 +73,9 @@ class Policy(BaseModel):
     auto_deploy: bool = True
     canary_s: float = Field(20.0, ge=0.0, le=24 * 3600.0)
     canary_latency_tolerance: float = Field(0.15, ge=0.0, le=10.0)
+    canary_search_tolerance: float = Field(0.0, ge=0.0, le=10.0)
+    """How much slower live than what serves a deployment the search made under ``fastest``
+    may be (it exists to be faster); other deployments get ``canary_latency_tolerance``."""
     canary_shadow_samples: int = Field(16, ge=0, le=1000)
 
     @model_validator(mode="after")
@@ -108,6 +112,7 @@ class Policy(BaseModel):
             self.auto_deploy,
             self.canary_s,
             self.canary_latency_tolerance,
+            self.canary_search_tolerance,
             self.canary_shadow_samples,
         )
 

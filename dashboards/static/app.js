@@ -773,7 +773,7 @@ function renderEvents(events) {
 
 // ------------------------------------------------------------------ policy form
 
-const FLOAT_FIELDS = ["max_accuracy_drop", "latency_target_ms", "time_budget_s", "min_speedup", "canary_s", "canary_latency_tolerance"];
+const FLOAT_FIELDS = ["max_accuracy_drop", "latency_target_ms", "time_budget_s", "min_speedup", "canary_s", "canary_latency_tolerance", "canary_search_tolerance"];
 const INT_FIELDS = ["max_trials", "canary_shadow_samples"];
 
 function fillPolicy(p) {

@@ -69,10 +69,10 @@ def run(
     of that at the hard deadline it waits for traffic (bounded, see ``EVIDENCE_WAIT``), then
     fails. ``stop`` (the agent shutting down) and ``abandoned`` (someone else moved the
     deployment, e.g. an operator's cancel) end it at once without a promotion. ``tolerance``:
-    how much slower than the control the candidate may be (default: the policy's
-    ``canary_latency_tolerance``; 0 for a deployment made to be faster, see
-    :func:`tolerance_for`)."""
-    tol = policy.canary_latency_tolerance if tolerance is None else tolerance
+    how much slower than the control the candidate may be in the verdict (default: the
+    policy's ``canary_latency_tolerance``; see :func:`tolerance_for`). How long the canary
+    runs is set by ``canary_latency_tolerance`` alone: between two variants of about the same
+    speed, a stricter tolerance would run every canary to its longest for a coin flip."""
     live = served.live
     live.latency_ms[control.variant_id].clear()
     live.latency_ms[candidate.variant_id].clear()
@@ -110,23 +110,27 @@ def run(
                 if now >= evidence_deadline:
                     break  # the verdict says what was missing
                 continue
-            if now >= hard_deadline or compare_live(after, before).certain(tol):
+            if now >= hard_deadline or compare_live(after, before).certain(
+                policy.canary_latency_tolerance
+            ):
                 break  # more calls would not change the verdict
     finally:
         live.request_shadow(0)
     after = list(live.latency_ms[candidate.variant_id])
     before = list(live.latency_ms[control.variant_id])
-    return verdict(after, before, shadow_scores, policy, metric, tol)
+    return verdict(after, before, shadow_scores, policy, metric, tolerance)
 
 
 def tolerance_for(source: str, policy: Policy) -> float | None:
     """A deployment the search made because it measured the candidate faster (objective
-    ``fastest``) must not be slower live than what serves: tolerance 0. Seen in the demo: a
-    second search deployment, int8 dynamic (3.33x in the search), ran 11% slower live than the
-    int8 static variant it replaced (95% interval 8-15%) and passed the 15% tolerance meant for
-    variants deployed for other reasons. Others (manual, rollback, most accurate): the
-    policy's tolerance (None)."""
-    return 0.0 if source == "search" and policy.objective == "fastest" else None
+    ``fastest``) gets ``canary_search_tolerance`` (0 by default: it must not be slower live
+    than what serves). Seen in the demo: a second search deployment, int8 dynamic (3.33x in
+    the search), ran 11% slower live than the int8 static variant it replaced (95% interval
+    8-15%) and passed the 15% tolerance meant for variants deployed for other reasons. Others
+    (manual, rollback, most accurate): ``canary_latency_tolerance`` (None)."""
+    if source == "search" and policy.objective == "fastest":
+        return policy.canary_search_tolerance
+    return None
 
 
 def _enough(after: list[float], before: list[float], shadow_scores: list[float], policy: Policy) -> bool:

@@ -24,7 +24,7 @@ SPEC = "pgc_daemon.examples.digits:mlp"
 # A lenient canary: on a loaded machine the variant deployed may be no faster, and the tests
 # need it deployed, rolled back and deployed again, not reverted by the canary.
 POLICY = {"max_trials": 4, "canary_s": 1.0, "canary_latency_tolerance": 10.0, "min_speedup": 1.0,
-          "max_accuracy_drop": 0.02}
+          "canary_search_tolerance": 10.0, "max_accuracy_drop": 0.02}
 
 
 @dataclass(frozen=True)

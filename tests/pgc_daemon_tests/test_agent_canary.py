@@ -66,6 +66,7 @@ def test_a_deployment_made_to_be_faster_must_not_be_slower_live() -> None:
     assert not keep and end == D.ROLLED_BACK and "must not be" in reason
     assert verdict(_ms(9.5), _ms(10.0), [], NO_SHADOW, "top1", 0.0).keep
     assert tolerance_for("search", NO_SHADOW) == 0.0
+    assert tolerance_for("search", Policy(canary_search_tolerance=0.3)) == 0.3
     assert tolerance_for("manual", NO_SHADOW) is None
     assert tolerance_for("rollback", NO_SHADOW) is None
     most_accurate = Policy(objective="most_accurate", latency_target_ms=50.0)

@@ -90,7 +90,7 @@ def test_replicas_share_one_deployment_one_build_and_a_late_replica_loads_it(
             deps = st.repo.list_deployments(s, model.id)
             # the second replica joined: it superseded nothing
             assert [d.state for d in deps] == ["active"], [(d.state, d.reason) for d in deps]
-            st.repo.put_policy(s, model.id, {"canary_s": 3.0, "canary_latency_tolerance": 10.0,
+            st.repo.put_policy(s, model.id, {"canary_s": 3.0, "canary_latency_tolerance": 10.0, "canary_search_tolerance": 10.0,
                                              "canary_shadow_samples": 4})
         # built here, as a search worker builds it: an artifact in the shared cache
         settings = Settings(store_url=backend_url, work_dir=str(work))
@@ -133,7 +133,8 @@ def test_replicas_share_one_deployment_one_build_and_a_late_replica_loads_it(
 
         # a replica killed in the middle of a deployment it drives affects no other
         with store.session() as s:
-            st.repo.put_policy(s, model.id, {"canary_s": 120.0, "canary_latency_tolerance": 10.0})
+            st.repo.put_policy(s, model.id, {"canary_s": 120.0, "canary_latency_tolerance": 10.0,
+                                             "canary_search_tolerance": 10.0})
             base = next(x for x in st.repo.list_variants(s, model.id) if x.recipe_hash == Recipe().hash)
             dep2 = st.repo.create_deployment(s, model.id, base.id, source="manual", reason="test").id
 
