@@ -225,7 +225,11 @@ class Executor:
                 self._busy_since = None
                 if choice is not None:
                     busy_ns = time.perf_counter_ns() - t0
-                    choice.record([c.at for c in pending], busy_ns, time.monotonic())
+                    try:
+                        choice.record([c.at for c in pending], busy_ns, time.monotonic())
+                    except Exception:  # noqa: BLE001 - never the end of the inference thread
+                        log.warning("the micro-batching choice failed; batching off", exc_info=True)
+                        self.choice = None
                 pending = []  # let the last batch's tensors go
             while True:  # stopped: serve what was queued before the stop
                 try:

@@ -178,3 +178,23 @@ def test_a_served_model_stores_its_batching_decision(settings: Settings, store: 
         assert events[0].data["busy_ms_per_call"]["on"] < events[0].data["busy_ms_per_call"]["off"]
     finally:
         served.close()
+
+
+def test_a_choice_that_fails_turns_batching_off_and_serving_goes_on() -> None:
+    def boom(message: str, data: dict[str, Any]) -> None:
+        raise RuntimeError("the event sink failed")
+
+    def fn(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        time.sleep(0.001)
+        return args[0] + 1
+
+    ex = Executor(fn, max_batch=4, max_delay_ms=1.0,
+                  choice=BatchChoice(block_calls=4, blocks_per_arm=1, notify=boom)).start()
+    try:
+        assert _run_clients(ex, 4, 20) == []
+        assert ex.choice is None and ex.alive and ex.inline == 0
+        batches = ex.batches
+        assert _run_clients(ex, 4, 10) == []
+        assert ex.batches == batches
+    finally:
+        ex.stop()
