@@ -167,6 +167,11 @@ def test_the_background_thread_adapts_the_rate_on_live_traffic() -> None:
         while prof.sample_every == 1 and time.monotonic() < deadline:
             _serve(prof, model, 50)
         assert prof.sample_every > 1
-        assert prof.status()["state"] == "rate lowered to stay within budget"
+        # the state names why the rate went down; on a loaded machine (CI on 2 cores) a
+        # period's background cost alone can exceed the budget, which is also a lowering
+        assert prof.status()["state"] in (
+            "rate lowered to stay within budget",
+            "over budget: per-call and background costs alone exceed it at this traffic",
+        )
     finally:
         prof.stop()
