@@ -17,7 +17,10 @@ each candidate thread count (the configured count, half of it, and one) until ev
 faster or slower than the configured one by the margin with confidence: a count twice as slow
 need not be served 40 times to be known); then the variant serves at the count whose
 trimmed-mean latency is lower than the configured count's with confidence by at least
-``margin``, else at the configured count. It decides again every ``reprobe_s`` (load changes).
+``margin``, else at the configured count. It decides again every ``reprobe_s``, and sooner
+(at most every ``min_reprobe_s``) once the cores kept busy outside this process have moved by
+``load_shift`` from what they were at the decision (:mod:`~pgc_daemon.agent.hostload`): a
+count chosen while a search worker held a core is wrong once the search is over.
 During a canary (and the demo's A/B) each arm serves at its own variant's chosen count, without
 probing, so the comparison is of the variants as they serve; a variant not yet decided serves
 at the count of the latest decision (the incumbent's, usually), not the configured one
@@ -53,6 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pgc_daemon.agent.hostload import OtherLoad
 from pgc_daemon.agent.livecompare import LiveComparison, compare, trimmed_mean
 
 log = logging.getLogger("pgc.agent")
@@ -68,6 +72,11 @@ EARLY_CALLS = 14
 MARGIN = 0.03
 #: Probe again after this long.
 REPROBE_S = 900.0
+#: ... or, once the machine's load has moved, after at least this long.
+MIN_REPROBE_S = 30.0
+#: How far (cores busy outside this process) the load must move from a decision's to probe
+#: again; at least this, and at least a quarter of the configured count.
+LOAD_SHIFT = 0.5
 #: Variants whose choice is remembered at most (oldest forgotten first).
 MAX_VARIANTS = 32
 
@@ -85,6 +94,8 @@ class _Probe:
     decided_at: float = 0.0
     results: dict[int, float] = field(default_factory=dict)
     """Trimmed-mean live latency (ms) per count at the last decision."""
+    load: float | None = None
+    """Cores busy outside this process at the last decision (None: not known)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,9 @@ class ThreadTuner:
         block: int = PROBE_BLOCK,
         margin: float = MARGIN,
         reprobe_s: float = REPROBE_S,
+        min_reprobe_s: float = MIN_REPROBE_S,
         only_configured: bool = False,
+        load: Callable[[], float | None] = lambda: None,
         owner: Callable[[], int | None] = lambda: None,
         batched: Callable[[], bool] = lambda: False,
         notify: Callable[[str, dict[str, Any]], None] = lambda message, data: None,
@@ -116,7 +129,8 @@ class ThreadTuner:
         thread; None: no call is). ``batched()``: the call now is a micro-batch of several
         (it runs at the configured count and is not measured: the choice is for single calls,
         whose short parallel regions are what a smaller team serves faster).
-        ``notify(message, data)`` hears every decision, on that thread (keep it cheap)."""
+        ``notify(message, data)`` hears every decision, on that thread (keep it cheap).
+        ``load()``: cores busy outside this process now (cheap; None: not known)."""
         self.configured = configured
         self._owner = owner
         self._batched = batched
@@ -127,6 +141,9 @@ class ThreadTuner:
         self.block = block
         self.margin = margin
         self.reprobe_s = reprobe_s
+        self.min_reprobe_s = min_reprobe_s
+        self.load_shift = max(LOAD_SHIFT, configured / 4)
+        self._load = load
         self._clock = clock
         self._probes: dict[int | None, _Probe] = {}
         self._latest: int | None = None  # the count of the latest decision, for any variant
@@ -152,7 +169,7 @@ class ThreadTuner:
                 set_thread_count(self.configured)
             return Use(variant_id, self.configured, counted=False)
         probe = self._probe(variant_id)
-        if probe.chosen is not None and self._clock() - probe.decided_at > self.reprobe_s:
+        if probe.chosen is not None and self._stale(variant_id, probe):
             probe.chosen = None  # probe again, as for a new variant
             probe.samples = {n: [] for n in self.candidates}
         if probe.chosen is not None or not probing or len(self.candidates) == 1:
@@ -168,6 +185,24 @@ class ThreadTuner:
         if torch.get_num_threads() != n:
             set_thread_count(n)
         return Use(variant_id, n, counted)
+
+    def _stale(self, variant_id: int | None, probe: _Probe) -> bool:
+        """Whether a decision is due again: it is old, or the load it was made under moved."""
+        age = self._clock() - probe.decided_at
+        if age > self.reprobe_s:
+            return True
+        if age < self.min_reprobe_s or probe.load is None:
+            return False
+        now = self._load()
+        if now is None or abs(now - probe.load) < self.load_shift:
+            return False
+        message = (f"variant {variant_id}: the machine's load moved from {probe.load:.1f} to "
+                   f"{now:.1f} cores busy outside this process since it chose {probe.chosen} "
+                   f"intra-op thread(s); measuring the counts again")
+        log.info("%s", message)
+        self._notify(message, {"variant_id": variant_id, "reprobe": True,
+                               "load_cores": [probe.load, now]})
+        return True
 
     def record(self, use: Use | None, elapsed_ms: float) -> None:
         """The latency of a steady call made under ``use``; decides once every count has
@@ -204,18 +239,27 @@ class ThreadTuner:
         with self._lock:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()
+            probe.load = self._load()
             self._latest = best
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
+        load = "" if probe.load is None else (
+            f"; {probe.load:.1f} cores busy outside this process")
         message = (f"variant {variant_id} serves at {best} intra-op thread(s), measured live: "
-                   f"{_describe(probe.results, best_cmp)}")
+                   f"{_describe(probe.results, best_cmp)}{load}")
         log.info("%s", message)
         self._notify(message, {"variant_id": variant_id, "threads": best,
-                               "live_ms": {str(n): ms for n, ms in probe.results.items()}})
+                               "live_ms": {str(n): ms for n, ms in probe.results.items()},
+                               "load_cores": probe.load})
 
     def chosen(self, variant_id: int | None) -> int | None:
         probe = self._probes.get(variant_id)
         return None if probe is None else probe.chosen
+
+    def settled(self, variant_id: int | None) -> bool:
+        """Whether ``variant_id`` serves at a decided count (or nothing is tuned here)."""
+        return (len(self.candidates) == 1 or self._owner() is None
+                or self.chosen(variant_id) is not None)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -226,6 +270,7 @@ class ThreadTuner:
                     "base" if v is None else str(v): {
                         "threads": p.chosen,
                         "live_ms": {str(n): ms for n, ms in p.results.items()},
+                        "load_cores": p.load,
                     }
                     for v, p in self._probes.items()
                 },
@@ -243,6 +288,7 @@ def tuner_for(executor: Any, profiler: Any, *, enabled: bool = True) -> ThreadTu
         owner=lambda: None if executor is None else executor.ident,
         batched=lambda: executor is not None and executor.batch_calls > 1,
         notify=lambda message, data: profiler.event("threads", "info", message, data),
+        load=OtherLoad().cores,
     )
 
 

@@ -156,7 +156,10 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
                     console.print(f"[{time.monotonic() - started:5.0f}s] {line}")
                     last_printed = line
                 # done once the search is over and its last deployment has served a while
-                if not (phase.serving and phase.settled):
+                # ... at the thread count measured for it under the load of now (the tuner
+                # decides again once the search worker's load is gone)
+                tuned = served.tuner.settled(served.slot.variant_id)
+                if not (phase.serving and phase.settled and tuned):
                     settled_at = None
                 elif settled_at is None:
                     settled_at = time.monotonic()

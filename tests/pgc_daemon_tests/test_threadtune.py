@@ -135,6 +135,32 @@ def test_the_choice_is_probed_again_after_a_while() -> None:
     assert tuner.chosen(7) == 4
 
 
+def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
+    """Seen in the demo: one thread chosen while the search worker held a core stood for the
+    rest of the run, after the worker was done and two threads were faster."""
+    clock, load = _Clock(), [1.0]
+    heard: list[dict[str, Any]] = []
+    tuner = _tuner(configured=2, clock=clock, load=lambda: load[0],
+                   notify=lambda message, data: heard.append(data))
+    _serve(tuner, {2: 18.0, 1: 13.8}, 200)  # the worker busy on a core
+    assert tuner.chosen(7) == 1
+    assert tuner.status()["variants"]["7"]["load_cores"] == 1.0
+    clock.now = 20.0
+    load[0] = 0.1  # the search is over, but not long enough after the decision to look again
+    _serve(tuner, {2: 10.0, 1: 13.8}, 20)
+    assert tuner.chosen(7) == 1
+    clock.now = 40.0
+    load[0] = 0.8  # a small move is not a reason to probe
+    _serve(tuner, {2: 10.0, 1: 13.8}, 20)
+    assert tuner.chosen(7) == 1
+    load[0] = 0.1
+    ran = _serve(tuner, {2: 10.0, 1: 13.8}, 200)
+    assert 2 in ran[:20] and tuner.chosen(7) == 2
+    moved = [d for d in heard if d.get("reprobe")]
+    assert len(moved) == 1 and moved[0]["load_cores"] == [1.0, 0.1]
+    assert heard[-1]["threads"] == 2 and heard[-1]["load_cores"] == 0.1
+
+
 def test_the_openmp_runtime_torch_runs_on_is_found_among_several() -> None:
     """scikit-learn ships its own libgomp (seen in CI: picked first, it set nothing torch
     reads, and no count was ever tuned)."""

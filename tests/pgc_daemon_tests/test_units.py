@@ -146,6 +146,11 @@ def test_interleaved_timing_stops_once_the_decision_is_clear() -> None:
     undecided = interleaved(base, close, [((None,), {})], min_rounds=8, max_rounds=12,
                             rel_halfwidth=1e-6, decide_at=[1.0])
     assert undecided.rounds >= 8
+    # three times faster: ahead of every threshold, the new best, whose figure a deployment
+    # promises: not settled by being ahead, timed to full precision
+    ahead = interleaved(slow, base, [((None,), {})], min_rounds=8, max_rounds=12,
+                        rel_halfwidth=1e-6, decide_at=[1 / 1.05, 0.5])
+    assert ahead.rounds >= 8 and ahead.ratio_high < 0.5
 
 
 def test_interleaved_needs_inputs() -> None:
