@@ -169,7 +169,8 @@ class ThreadTuner:
                 set_thread_count(self.configured)
             return Use(variant_id, self.configured, counted=False)
         probe = self._probe(variant_id)
-        if probe.chosen is not None and self._stale(variant_id, probe):
+        # (not during a canary: its arms keep the counts they started the comparison at)
+        if probe.chosen is not None and probing and self._stale(variant_id, probe):
             probe.chosen = None  # probe again, as for a new variant
             probe.samples = {n: [] for n in self.candidates}
         if probe.chosen is not None or not probing or len(self.candidates) == 1:
@@ -186,15 +187,20 @@ class ThreadTuner:
             set_thread_count(n)
         return Use(variant_id, n, counted)
 
+    def _moved(self, probe: _Probe) -> float | None:
+        """The load now, where it has moved by ``load_shift`` from the decision's (else None)."""
+        now = self._load()
+        if now is None or probe.load is None or abs(now - probe.load) < self.load_shift:
+            return None
+        return now
+
     def _stale(self, variant_id: int | None, probe: _Probe) -> bool:
         """Whether a decision is due again: it is old, or the load it was made under moved."""
         age = self._clock() - probe.decided_at
         if age > self.reprobe_s:
             return True
-        if age < self.min_reprobe_s or probe.load is None:
-            return False
-        now = self._load()
-        if now is None or abs(now - probe.load) < self.load_shift:
+        now = None if age < self.min_reprobe_s else self._moved(probe)
+        if now is None:
             return False
         message = (f"variant {variant_id}: the machine's load moved from {probe.load:.1f} to "
                    f"{now:.1f} cores busy outside this process since it chose {probe.chosen} "
@@ -257,9 +263,12 @@ class ThreadTuner:
         return None if probe is None else probe.chosen
 
     def settled(self, variant_id: int | None) -> bool:
-        """Whether ``variant_id`` serves at a decided count (or nothing is tuned here)."""
-        return (len(self.candidates) == 1 or self._owner() is None
-                or self.chosen(variant_id) is not None)
+        """Whether ``variant_id`` serves at a count decided under the machine's load of now
+        (or nothing is tuned here)."""
+        if len(self.candidates) == 1 or self._owner() is None:
+            return True
+        probe = self._probes.get(variant_id)
+        return probe is not None and probe.chosen is not None and self._moved(probe) is None
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -143,7 +143,7 @@ def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
     tuner = _tuner(configured=2, clock=clock, load=lambda: load[0],
                    notify=lambda message, data: heard.append(data))
     _serve(tuner, {2: 18.0, 1: 13.8}, 200)  # the worker busy on a core
-    assert tuner.chosen(7) == 1
+    assert tuner.chosen(7) == 1 and tuner.settled(7)
     assert tuner.status()["variants"]["7"]["load_cores"] == 1.0
     clock.now = 20.0
     load[0] = 0.1  # the search is over, but not long enough after the decision to look again
@@ -154,8 +154,11 @@ def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
     _serve(tuner, {2: 10.0, 1: 13.8}, 20)
     assert tuner.chosen(7) == 1
     load[0] = 0.1
+    assert not tuner.settled(7)  # decided under another load: not what it would choose now
+    _serve(tuner, {2: 10.0, 1: 13.8}, 20, probing=False)  # a canary's arm keeps its count
+    assert tuner.chosen(7) == 1
     ran = _serve(tuner, {2: 10.0, 1: 13.8}, 200)
-    assert 2 in ran[:20] and tuner.chosen(7) == 2
+    assert 2 in ran[:20] and tuner.chosen(7) == 2 and tuner.settled(7)
     moved = [d for d in heard if d.get("reprobe")]
     assert len(moved) == 1 and moved[0]["load_cores"] == [1.0, 0.1]
     assert heard[-1]["threads"] == 2 and heard[-1]["load_cores"] == 0.1
