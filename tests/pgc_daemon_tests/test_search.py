@@ -128,3 +128,48 @@ def test_a_resumed_study_gives_the_store_the_trials_it_lacks(store: Any) -> None
         assert record_resumed(s, model.id, new.id, "study-a", finished) == 0  # never twice
         mine = st.repo.list_trials(s, model.id, run_id=new.id)
         assert [(t.number, t.speedup) for t in mine] == [(1, 1.3)]
+
+
+def test_trials_are_judged_against_fp32_as_it_serves(mlp_spec: dict[str, Any]) -> None:
+    """Timed at one thread beside live traffic, a trial's ratio is turned into one against fp32
+    at the count it serves at: there fp32 took 10 ms at two threads and 12.5 at one, so fp32
+    itself timed at one thread is 1.25x slower than fp32 as it serves."""
+    from pgc_daemon.optimizer.search.trial import ServingThreads
+
+    model = mlp_spec["model"]
+    inputs = [(a, {}) for a in mlp_spec["example_inputs"]]
+    serving = ServingThreads(2, {1: 12.5, 2: 10.0})
+    search = make_search(base=model, inputs=inputs, profile=[], name="served", storage=None,
+                         policy=Policy(max_trials=1), metric="top1", timing_threads=1,
+                         serving_threads=serving, reference_ms=10.0)
+    rec = search.evaluate(0, {}, Recipe())
+    assert rec.state == "complete", rec.message
+    assert rec.timing["serving_scale"] == 1.25
+    assert rec.ratio == pytest.approx(rec.timing["ratio"] * 1.25)
+    assert rec.speedup == pytest.approx(1 / rec.ratio)
+    assert rec.latency_ms == pytest.approx(rec.ratio * 10.0)
+    assert "as it serves" in rec.message and "same 1 thread(s)" in rec.message
+    # the count fp32 serves at, or one never measured, changes nothing
+    assert serving.scale(2) == 1.0 and serving.scale(4) == 1.0
+
+
+def test_fp32_as_it_serves_comes_from_the_latest_thread_decision_for_it(store: Any) -> None:
+    import store as st
+    from pgc_daemon.optimizer.search.runner import serving_threads
+    from pgc_daemon.optimizer.search.trial import ServingThreads
+
+    with store.session() as s:
+        model = st.repo.upsert_model(s, "m")
+        assert serving_threads(s, model.id, 1) is None  # no decision yet
+        st.repo.add_event(s, model.id, "threads", "older", data={
+            "variant_id": 1, "threads": 1, "live_ms": {"1": 20.0, "2": 25.0}})
+        st.repo.add_event(s, model.id, "threads", "fp32", data={
+            "variant_id": 1, "threads": 2, "live_ms": {"1": 44.6, "2": 35.9}})
+        st.repo.add_event(s, model.id, "threads", "another variant", data={
+            "variant_id": 2, "threads": 1, "live_ms": {"1": 13.3, "2": 16.7}})
+        st.repo.add_event(s, model.id, "threads", "a reprobe, no decision", data={
+            "variant_id": 1, "reprobe": True, "load_cores": [1.0, 0.1]})
+        found = serving_threads(s, model.id, 1)
+    assert found == ServingThreads(2, {1: 44.6, 2: 35.9})
+    assert found.scale(1) == pytest.approx(44.6 / 35.9)
+    assert ServingThreads.from_event({"threads": 2, "live_ms": {"x": 1}}) is None

@@ -13,6 +13,7 @@ from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.space import SAFE, Space, build_space, choices_for, time_candidates
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
+from pgc_daemon.optimizer.search.trial import ServingThreads
 from profiler import profile_model, shape_key
 
 ACCURACY_INPUTS = 64
@@ -95,6 +96,7 @@ def make_search(
     early: bool = False,
     timing_threads: int | None = None,
     timing_gap_s: float = 0.0,
+    serving_threads: ServingThreads | None = None,
 ) -> Search:
     """A :class:`Search` over a space shaped by ``profile`` and ``sensitivity``, with
     baselines (and warm-start recipes) enqueued first.
@@ -131,6 +133,7 @@ def make_search(
         policy_version=policy_version,
         timing_threads=timing_threads,
         timing_gap_s=timing_gap_s,
+        serving_threads=serving_threads,
     )
     if not early:
         settle(search, space, policy=policy, sensitivity=sensitivity, warm_start=warm_start)

@@ -47,6 +47,7 @@ from pgc_daemon.optimizer.search.prepare import (
 )
 from pgc_daemon.optimizer.search.progressive import Progressive
 from pgc_daemon.optimizer.search.study import SearchResult, TrialRecord
+from pgc_daemon.optimizer.search.trial import ServingThreads
 from pgc_daemon.settings import Settings
 from pgc_daemon.services.queries import busy_intervals
 
@@ -73,6 +74,17 @@ def live_gap_s(live: dict[str, Any] | None) -> float:
     call_s = live["mean_ms"] / 1000
     idle = live["seconds"] / live["count"] - call_s
     return min(max(idle, 0.0), MAX_TIMING_GAP_S, MAX_GAP_PER_CALL * call_s)
+
+
+def serving_threads(s: Session, model_id: int, base_id: int) -> ServingThreads | None:
+    """fp32 as it serves, from the latest thread decision a serving process made for it
+    (None: none made, e.g. thread tuning off or no executor)."""
+    for ev in st.repo.list_events(s, model_id, kind="threads", limit=50):
+        if (ev.data or {}).get("variant_id") == base_id:
+            found = ServingThreads.from_event(ev.data)
+            if found is not None:
+                return found
+    return None
 
 
 def warm_start_recipes(s: Session, model_id: int, study_name: str, limit: int = 3) -> list[Recipe]:
@@ -124,6 +136,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             else None
         )
         warm = warm_start_recipes(s, model.id, run.study_name)
+        serving = serving_threads(s, model.id, baseline.id) if baseline is not None else None
         st.repo.update_search_run(s, run_id, state=RunState.RUNNING, message="loading the model")
     policy = snapshot.policy
     reference_ms = live[f"{policy.latency_percentile}_ms"] if live else None
@@ -194,6 +207,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         early=report is None,
         timing_threads=LIVE_TIMING_THREADS,
         timing_gap_s=live_gap_s(live),
+        serving_threads=serving,
     )
     finished = search.finished()
     resumed = len(finished)

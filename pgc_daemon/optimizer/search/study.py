@@ -32,7 +32,7 @@ from pgc_daemon.optimizer.search.results import (
     pick,
 )
 from pgc_daemon.optimizer.search.space import Space
-from pgc_daemon.optimizer.search.trial import evaluate_trial
+from pgc_daemon.optimizer.search.trial import ServingThreads, evaluate_trial
 from pgc_daemon.policy import Policy
 
 __all__ = [
@@ -125,6 +125,7 @@ class Search:
         policy_version: int | None = None,
         timing_threads: int | None = None,
         timing_gap_s: float = 0.0,
+        serving_threads: ServingThreads | None = None,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -136,7 +137,9 @@ class Search:
         ``policy_version``: stamped on every trial this search evaluates. ``timing_threads``:
         intra-op threads of both arms while timing (None: as they are; a live search beside
         serving traffic times at one, see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`).
-        ``timing_gap_s``: idle time after each timed call, as between live requests."""
+        ``timing_gap_s``: idle time after each timed call, as between live requests.
+        ``serving_threads``: fp32 as it serves; trials' ratios are against it (see
+        :class:`~pgc_daemon.optimizer.search.trial.ServingThreads`)."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -155,6 +158,7 @@ class Search:
         self.policy_version = policy_version
         self.timing_threads = timing_threads
         self.timing_gap_s = timing_gap_s
+        self.serving_threads = serving_threads
 
     # ------------------------------------------------------------------ running
 
