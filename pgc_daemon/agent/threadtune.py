@@ -242,6 +242,10 @@ class ThreadTuner:
         for n, c in comparisons.items():
             if c.high < 1.0 - self.margin and (best_cmp is None or c.ratio < best_cmp.ratio):
                 best, best_cmp = n, c
+        # every other count against the chosen one, with its interval: what the search needs to
+        # turn a ratio timed at one count into one against this variant as it serves
+        against = {n: compare(s, probe.samples[best])
+                   for n, s in probe.samples.items() if n != best}
         with self._lock:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()
@@ -256,6 +260,8 @@ class ThreadTuner:
         log.info("%s", message)
         self._notify(message, {"variant_id": variant_id, "threads": best,
                                "live_ms": {str(n): ms for n, ms in probe.results.items()},
+                               "vs_chosen": {str(n): [c.ratio, c.low, c.high]
+                                             for n, c in against.items()},
                                "load_cores": probe.load})
 
     def chosen(self, variant_id: int | None) -> int | None:

@@ -138,7 +138,7 @@ def test_trials_are_judged_against_fp32_as_it_serves(mlp_spec: dict[str, Any]) -
 
     model = mlp_spec["model"]
     inputs = [(a, {}) for a in mlp_spec["example_inputs"]]
-    serving = ServingThreads(2, {1: 12.5, 2: 10.0})
+    serving = ServingThreads(2, {1: (1.25, 1.15, 1.36)})
     search = make_search(base=model, inputs=inputs, profile=[], name="served", storage=None,
                          policy=Policy(max_trials=1), metric="top1", timing_threads=1,
                          serving_threads=serving, reference_ms=10.0)
@@ -149,8 +149,11 @@ def test_trials_are_judged_against_fp32_as_it_serves(mlp_spec: dict[str, Any]) -
     assert rec.speedup == pytest.approx(1 / rec.ratio)
     assert rec.latency_ms == pytest.approx(rec.ratio * 10.0)
     assert "as it serves" in rec.message and "same 1 thread(s)" in rec.message
-    # the count fp32 serves at, or one never measured, changes nothing
+    # the count fp32 serves at, one never measured, or one not slower with confidence (the
+    # tuner would not act on it either) changes nothing
     assert serving.scale(2) == 1.0 and serving.scale(4) == 1.0
+    assert ServingThreads(2, {1: (0.93, 0.85, 1.02)}).scale(1) == 1.0
+    assert ServingThreads(2, {1: (1.05, 0.97, 1.12)}).scale(1) == 1.0
 
 
 def test_fp32_as_it_serves_comes_from_the_latest_thread_decision_for_it(store: Any) -> None:
@@ -162,14 +165,14 @@ def test_fp32_as_it_serves_comes_from_the_latest_thread_decision_for_it(store: A
         model = st.repo.upsert_model(s, "m")
         assert serving_threads(s, model.id, 1) is None  # no decision yet
         st.repo.add_event(s, model.id, "threads", "older", data={
-            "variant_id": 1, "threads": 1, "live_ms": {"1": 20.0, "2": 25.0}})
+            "variant_id": 1, "threads": 1, "vs_chosen": {"2": [1.25, 1.1, 1.4]}})
         st.repo.add_event(s, model.id, "threads", "fp32", data={
-            "variant_id": 1, "threads": 2, "live_ms": {"1": 44.6, "2": 35.9}})
+            "variant_id": 1, "threads": 2, "vs_chosen": {"1": [1.24, 1.18, 1.31]}})
         st.repo.add_event(s, model.id, "threads", "another variant", data={
-            "variant_id": 2, "threads": 1, "live_ms": {"1": 13.3, "2": 16.7}})
+            "variant_id": 2, "threads": 1, "vs_chosen": {"2": [1.26, 1.18, 1.33]}})
         st.repo.add_event(s, model.id, "threads", "a reprobe, no decision", data={
             "variant_id": 1, "reprobe": True, "load_cores": [1.0, 0.1]})
         found = serving_threads(s, model.id, 1)
-    assert found == ServingThreads(2, {1: 44.6, 2: 35.9})
-    assert found.scale(1) == pytest.approx(44.6 / 35.9)
-    assert ServingThreads.from_event({"threads": 2, "live_ms": {"x": 1}}) is None
+    assert found == ServingThreads(2, {1: (1.24, 1.18, 1.31)})
+    assert found.scale(1) == 1.24
+    assert ServingThreads.from_event({"threads": 2, "vs_chosen": {"x": 1}}) is None

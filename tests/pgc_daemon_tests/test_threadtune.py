@@ -162,6 +162,9 @@ def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
     moved = [d for d in heard if d.get("reprobe")]
     assert len(moved) == 1 and moved[0]["load_cores"] == [1.0, 0.1]
     assert heard[-1]["threads"] == 2 and heard[-1]["load_cores"] == 0.1
+    # the other count against the chosen one, with its interval (what the search scales by)
+    ratio, low, high = heard[-1]["vs_chosen"]["1"]
+    assert 1.0 < low < ratio < high and ratio == pytest.approx(13.8 / 10.0, rel=0.05)
 
 
 def test_the_openmp_runtime_torch_runs_on_is_found_among_several() -> None:

@@ -46,7 +46,8 @@ TORCH_THREADED = ("inductor", "eager")
 @dataclass(frozen=True)
 class ServingThreads:
     """fp32 eager as it serves: the intra-op count the serving process's thread tuner chose
-    for it and its live latency (ms) at each count it tried, measured interleaved at one time.
+    for it, and its live latency at each other count it tried over its latency at that one
+    (ratio, 95% interval), measured interleaved at one time.
 
     A trial is timed against fp32 at the trial's count (one, beside live traffic), but fp32
     serves at the count fastest for it live, and a deployment is judged against that. Seen in
@@ -55,27 +56,30 @@ class ServingThreads:
     :meth:`scale` turns a trial's timed ratio into one against fp32 as it serves."""
 
     serves_at: int
-    live_ms: Mapping[int, float]
+    vs_chosen: Mapping[int, tuple[float, float, float]]
 
     def scale(self, timed_at: int) -> float:
-        """fp32's live latency at ``timed_at`` threads over its latency as it serves (1.0
-        where either was not measured)."""
-        at, serves = self.live_ms.get(timed_at), self.live_ms.get(self.serves_at)
-        if timed_at == self.serves_at or not at or not serves:
+        """fp32's live latency at ``timed_at`` threads over its latency as it serves, where
+        it is slower there with confidence; else 1.0 (not measured, or a difference the tuner
+        itself would not act on: seen at a noisy start, fp32 at 60.2 ms on one thread and 64.9
+        on two, kept at two, would have raised a trial's 3.41x to 3.68x against 3.43x live)."""
+        got = self.vs_chosen.get(timed_at)
+        if timed_at == self.serves_at or got is None or got[1] <= 1.0:
             return 1.0
-        return at / serves
+        return got[0]
 
     @classmethod
     def from_event(cls, data: Mapping[str, Any] | None) -> ServingThreads | None:
         """From a thread tuner's decision (a ``threads`` event's data); None where it is not
         one."""
-        if not data or not isinstance(data.get("threads"), int) or not data.get("live_ms"):
+        if not data or not isinstance(data.get("threads"), int) or "vs_chosen" not in data:
             return None
         try:
-            live = {int(n): float(ms) for n, ms in data["live_ms"].items() if ms}
+            against = {int(n): (float(r), float(lo), float(hi))
+                       for n, (r, lo, hi) in data["vs_chosen"].items()}
         except (TypeError, ValueError, AttributeError):
             return None
-        return cls(data["threads"], live) if live else None
+        return cls(data["threads"], against)
 
 
 def arm_threads(threads: int | None, recipe: Recipe) -> int:
