@@ -244,25 +244,26 @@ class ThreadTuner:
                 best, best_cmp = n, c
         # every other count against the chosen one, with its interval: what the search needs to
         # turn a ratio timed at one count into one against this variant as it serves
-        against = {n: compare(s, probe.samples[best])
-                   for n, s in probe.samples.items() if n != best}
+        # (the comparisons already made, where the configured count stays)
+        against = comparisons if best == self.configured else {
+            n: compare(s, probe.samples[best]) for n, s in probe.samples.items() if n != best}
+        load = self._load()
         with self._lock:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()
-            probe.load = self._load()
+            probe.load = load
             self._latest = best
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
-        load = "" if probe.load is None else (
-            f"; {probe.load:.1f} cores busy outside this process")
+        busy = "" if load is None else f"; {load:.1f} cores busy outside this process"
         message = (f"variant {variant_id} serves at {best} intra-op thread(s), measured live: "
-                   f"{_describe(probe.results, best_cmp)}{load}")
+                   f"{_describe(probe.results, best_cmp)}{busy}")
         log.info("%s", message)
         self._notify(message, {"variant_id": variant_id, "threads": best,
                                "live_ms": {str(n): ms for n, ms in probe.results.items()},
                                "vs_chosen": {str(n): [c.ratio, c.low, c.high]
                                              for n, c in against.items()},
-                               "load_cores": probe.load})
+                               "load_cores": load})
 
     def chosen(self, variant_id: int | None) -> int | None:
         probe = self._probes.get(variant_id)

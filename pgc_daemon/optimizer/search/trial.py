@@ -98,11 +98,12 @@ def timing_threads(threads: int | None, recipe: Recipe) -> Iterator[None]:
     threads under serving load, 3.4x alone with one and 3.6x alone with two (live: 2.8x).
     Backends with their own thread pool (ONNX Runtime, OpenVINO) keep theirs, so fp32 is
     timed with the same count as theirs."""
-    if threads is None or recipe.backend.kind not in TORCH_THREADED:
+    before = torch.get_num_threads()
+    n = arm_threads(threads, recipe)
+    if n == before:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -171,8 +172,8 @@ def evaluate_trial(
         rec.fidelity, rec.drop = full.fidelity, full.drop
         # thresholds and results are against fp32 as it serves; timing is against fp32 at the
         # trial's count, so the thresholds go into timing's units and the result comes out
-        scale = (self.serving_threads.scale(arm_threads(self.timing_threads, recipe))
-                 if self.serving_threads is not None else 1.0)
+        timed_at = arm_threads(self.timing_threads, recipe)
+        scale = self.serving_threads.scale(timed_at) if self.serving_threads is not None else 1.0
         t = time.monotonic()
         with timing_threads(self.timing_threads, recipe):
             timing = interleaved(
@@ -205,7 +206,7 @@ def evaluate_trial(
         factor = rec.speedup if rec.speedup >= 1 else 1 / rec.speedup
         served = "" if scale == 1.0 else (
             f" as it serves ({timing.speedup:.2f}x against fp32 at the same "
-            f"{arm_threads(self.timing_threads, recipe)} thread(s))")
+            f"{timed_at} thread(s))")
         rec.message = (
             f"{factor:.2f}x {pace} than fp32 eager{served}, {self.evaluator.metric} "
             f"{rec.fidelity:.4f}" + ("" if rec.feasible else " (infeasible)")
