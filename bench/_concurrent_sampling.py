@@ -3,9 +3,9 @@ cost the calls other threads serve at the same time?
 
 Per-layer hooks are module hooks: while one call is sampled they are attached for every
 thread, and the other threads' calls run through them (each returns at once on seeing another
-thread). Here 4 request threads call the model through the profiler's ``begin``/``end`` as
-the agent does (never sampled themselves), while a fifth thread calls it with **every** call
-sampled, so hooks are attached nearly all the time: the worst case of another thread being
+thread). Here 4 request threads call the model through the profiler's steps as the agent
+takes them (never sampled themselves), while a fifth thread calls it with **every** call
+sampled (by a second profiler of the same model), so hooks are attached nearly all the time: the worst case of another thread being
 sampled. Phases of ``phase_s`` alternate with a plain phase (all five threads call the model
 without the profiler), and the 4 request threads' CPU time per call (their own thread CPU
 clocks, so preemption and GIL waits do not count) is compared between the two kinds of phase:
@@ -38,8 +38,9 @@ def concurrent(
     # the request threads are never sampled: one call in a billion, no budget to change it
     prof = Profiler(ProfilerConfig(sample_every=10**9, max_sample_every=10**9, budget=None,
                                    host_interval_s=None))
-    prof.watch(model)
-    prof.start()
+    every_call = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    for p in (prof, every_call):
+        p.watch(model)
     profiled = threading.Event()  # set: a profiled phase
     stop = threading.Event()
     lock = threading.Lock()
@@ -56,11 +57,17 @@ def concurrent(
                 i += REQUEST_THREADS
                 p, on = phase[0], profiled.is_set()
                 c0 = time.thread_time_ns()
-                if on:
-                    token = prof.begin(model)
+                if on:  # the agent's inline steps (see ``profiler._profiler``)
+                    calls = prof.calls
+                    mark = calls.mark()
+                    token = prof.sample(model) if mark else None
                     t0 = time.perf_counter_ns()
                     model(*args)
-                    prof.end(token, 1, args, {}, time.perf_counter_ns() - t0)
+                    t1 = time.perf_counter_ns()
+                    if mark is None:
+                        calls.record((1, None, t1 - t0, False, False, 0))
+                    else:
+                        prof.end(token, 1, args, {}, t1 - t0)
                 else:
                     model(*args)
                 c1 = time.thread_time_ns()
@@ -75,11 +82,11 @@ def concurrent(
             while not stop.is_set():
                 args = inputs[i % len(inputs)]
                 i += 1
-                token = prof._begin_sampled(model) if profiled.is_set() else None  # every call
+                token = every_call.begin(model) if profiled.is_set() else None  # every call
                 t0 = time.perf_counter_ns()
                 model(*args)
                 if token is not None:
-                    prof.end(token, 1, args, {}, time.perf_counter_ns() - t0)
+                    every_call.end(token, 1, args, {}, time.perf_counter_ns() - t0)
                     sampled[0] += 1
 
     threads = [threading.Thread(target=request, args=(k,), daemon=True) for k in range(REQUEST_THREADS)]
@@ -99,7 +106,6 @@ def concurrent(
         stop.set()
         for t in threads:
             t.join(30)
-        prof.stop()
     on_us, off_us = [], []
     for p in range(1, 2 * phases + 1):
         ns, calls = per_phase[p]

@@ -145,16 +145,25 @@ def interleaved(
     sampled = {a: np.zeros(rounds, dtype=bool) for a in ARMS}
 
     def unit(arm: str, args: tuple[Any, ...]) -> tuple[int, int, int, bool]:
+        """One call, with the profiler's steps inline as the agent takes them (see
+        ``profiler._profiler``'s docstring)."""
         prof = profs.get(arm)
+        token = mark = calls = None
         w0, c0 = _pc(), _tt()
-        token = prof.begin(model) if prof is not None else None
+        if prof is not None:
+            calls = prof.calls
+            mark = calls.mark()
+            token = prof.sample(model) if mark else None
         c1 = _tt()
         t0 = _pc()
         model(*args)
-        elapsed = _pc() - t0
+        t1 = _pc()
         c2 = _tt()
         if prof is not None:
-            prof.end(token, 1, args, {}, elapsed)
+            if mark is None:
+                calls.record((1, None, t1 - t0, False, False, 0))
+            else:
+                prof.end(token, 1, args, {}, t1 - t0)
         c3, w1 = _tt(), _pc()
         return c3 - c0, w1 - w0, (c1 - c0) + (c3 - c2), token is not None
 

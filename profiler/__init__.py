@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from profiler._budget import Period, RateController
+from profiler._calls import KEY, SAMPLE, CallQueue
 from profiler._config import ProfilerConfig
 from profiler._counters import (
     CounterAvailability,
@@ -58,7 +59,10 @@ def availability() -> dict[str, Any]:
 
 
 __all__ = [
+    "KEY",
     "LATENCY_BUCKETS_MS",
+    "SAMPLE",
+    "CallQueue",
     "CounterAvailability",
     "Exporter",
     "HostRow",

@@ -1,8 +1,19 @@
 """The live profiler of one served model.
 
-Contract with the serving path (see ``pgc_daemon.agent.served``): ``begin`` and ``end`` bracket every
-call and never raise. For an unsampled call ``begin`` is a counter and a modulo, and ``end``
-is a shape key and one locked update of the window. At most one call per profiler is sampled
+Contract with the serving path: ``begin`` and ``end`` bracket every call and never raise.
+The serving path of ``pgc_daemon.agent.served`` takes the same steps inline, where an
+unsampled call runs none of the profiler's Python (see :mod:`profiler._calls`)::
+
+    calls = profiler.calls                                # bound once
+    mark = calls.mark()                                   # None, KEY or SAMPLE (true)
+    token = profiler.sample(module) if mark else None
+    ... the call, timed: elapsed ns, and t1 the clock after it ...
+    if mark is None:                                      # unkeyed, not sampled
+        calls.record((variant, None, elapsed, False, fallback, 0))
+    else:
+        profiler.end(token, variant, args, kwargs, elapsed, fallback=fallback)
+
+At most one call per profiler is sampled
 at a time; its hooks record raw timings only, and turning them into layer rows (and, on a
 GPU, waiting for CUDA events and CUPTI records) happens on the profiler's background thread.
 
@@ -20,9 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,12 +42,13 @@ import torch
 from torch import nn
 
 from profiler._budget import Period, RateController
+from profiler._calls import CallQueue, inline_cost_ns
 from profiler._config import ProfilerConfig
 from profiler._exporter import Exporter
 from profiler._hooks import LayerTimer, RawCall
 from profiler._rows import HostRow, ProfilerEvent
 from profiler._window import Totals, Window, WindowAggregator
-from profiler.shapes import key_of, shape_key
+from profiler.shapes import shape_key
 
 log = logging.getLogger("pgc.profiler")
 _perf_ns = time.perf_counter_ns
@@ -47,8 +57,6 @@ _Tensor = torch.Tensor
 MIB = 1024 * 1024
 #: Sampled calls waiting for the background thread; past this the oldest are discarded.
 MAX_PENDING = 4096
-#: Calls queued between two drains at most (the background drains every ``control_s``).
-MAX_QUEUED_CALLS = 262_144
 #: Events held for the next window at most (rate changes, leak warnings).
 MAX_EVENTS = 64
 #: A change of the sampling rate becomes an event at most this often (the rate itself moves
@@ -102,11 +110,12 @@ class Profiler:
         self.aggregator.before_close = lambda: self._drain(wait=True)
         self.controller = RateController(cfg.sample_every, cfg.budget, cfg.max_sample_every)
         self._every = cfg.sample_every
+        #: the request path's marks and the queue of served calls (``profiler._calls``)
+        self.calls = CallQueue(cfg.sample_every)
         self._key_fn = key_fn
         self._defer_key = key_fn is shape_key  # a (shape, dtype) queued, keyed when drained
         self._quiet = quiet
         self._serving = serving
-        self._counter = itertools.count(1)
         self._sampling = threading.Lock()
         self._paused = 0  # > 0: no call is sampled (see ``paused``)
         self._pause_lock = threading.Lock()
@@ -114,15 +123,8 @@ class Profiler:
         self._timers: dict[int, LayerTimer] = {}
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_lock = threading.Lock()
-        #: (variant, bucket, elapsed ns, error, fallback, cost ns) of every call, queued by
-        #: ``end`` (a deque append is thread-safe without a lock) until the background thread
-        #: or a window close aggregates them; bounded in case nothing drains it.
-        self._calls: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_QUEUED_CALLS)
         self._drain_lock = threading.Lock()
         self.discarded = 0  # sampled calls discarded because the background thread lagged
-        #: calls that found the call queue full (nothing drained it for ``MAX_QUEUED_CALLS``
-        #: calls): the queue drops its oldest, and they are missing from the window's counts
-        self.discarded_calls = 0
         self._kernels: dict[int, dict[int, list[Any]]] = {}
         self._events: list[ProfilerEvent] = []
         self._host_rows: list[HostRow] = []
@@ -147,7 +149,7 @@ class Profiler:
         )
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self._begin_cost_ns = self._calibrate_begin()
+        self._inline_cost_ns = inline_cost_ns()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -283,10 +285,11 @@ class Profiler:
     # ----------------------------------------------------------------- request path
 
     def begin(self, module: nn.Module) -> _Token | None:
-        """Decide whether this call is profiled per layer; if so attach the hooks."""
-        if next(self._counter) % self._every:
+        """Decide whether this call is profiled per layer; if so attach the hooks. (``end``
+        keys every call; the serving path's inline form keys only marked calls.)"""
+        if not self.calls.mark():
             return None
-        return self._begin_sampled(module)
+        return self.sample(module)
 
     @contextlib.contextmanager
     def paused(self, wait_s: float = 5.0) -> Iterator[None]:
@@ -312,9 +315,12 @@ class Profiler:
             return True
         return (time.monotonic() - self._duty_epoch) % cfg.duty_period_s < cfg.duty_on_s
 
-    def _begin_sampled(self, module: nn.Module) -> _Token | None:
+    def sample(self, module: nn.Module) -> _Token | None:
+        """Profile this call of ``module`` per layer, if it may be now (a watched module, no
+        other sampled call in flight, not paused, inside the duty window): attach the hooks
+        and return the token ``end`` takes."""
         t0 = _perf_ns()
-        if not self._duty_on():
+        if not self.calls.due() or not self._duty_on():
             return None
         timer = self._timers.get(id(module))
         if timer is None or not self._sampling.acquire(blocking=False):
@@ -355,16 +361,12 @@ class Profiler:
         try:
             t0 = _perf_ns()
             if token is None:
-                # One append: right after a forward pass the caches are cold, and every line
-                # of code here costs a cache miss; the background thread aggregates in bulk,
-                # and keys the shape of a plain tensor first argument (the common call).
+                # One append: the background thread aggregates in bulk, and keys the shape of
+                # a plain tensor first argument (the common call).
                 a = args[0] if args else None
                 bucket = ((a.shape, a.dtype) if self._defer_key and type(a) is _Tensor
                           else self._key_fn(args, kwargs))
-                calls = self._calls
-                if len(calls) >= MAX_QUEUED_CALLS:
-                    self._lost_call()
-                calls.append((variant, bucket, elapsed_ns, error, fallback, _perf_ns() - t0))
+                self.calls.record((variant, bucket, elapsed_ns, error, fallback, _perf_ns() - t0))
                 return
             bucket = self._key_fn(args, kwargs)
             timer = token.timer
@@ -388,37 +390,23 @@ class Profiler:
                     self.discarded += 1
                     self.aggregator.add_overhead(old.variant, old.bucket, old.cost_ns)
                 self._pending.append(item)
-            if len(self._calls) >= MAX_QUEUED_CALLS:
-                self._lost_call()
-            self._calls.append((variant, bucket, elapsed_ns, error, fallback, 0))
+            self.calls.record((variant, bucket, elapsed_ns, error, fallback, -1))
         except Exception:  # noqa: BLE001 - profiling must never fail a request
             log.debug("profiler.end failed", exc_info=True)
-
-    def _lost_call(self) -> None:
-        """Count a call the full call queue is about to push out (rare: a stalled drain)."""
-        with self._pending_lock:
-            self.discarded_calls += 1
 
     # ----------------------------------------------------------------- background work
 
     def _drain_calls(self) -> None:
         """Move the calls ``end`` queued into the window (and the cost ledger), in bulk."""
-        calls = self._calls
-        if not calls:
+        if not len(self.calls):
             return
         with self._drain_lock:
             t0 = _perf_ns()
-            batch = []
-            pop = calls.popleft
-            for _ in range(len(calls)):
-                call = pop()
-                if type(call[1]) is tuple:  # a deferred shape key (see ``end``)
-                    call = (call[0], key_of(*call[1]), *call[2:])
-                batch.append(call)
+            batch, keys = self.calls.drain()
             if not batch:
                 return
             self._last_variant = batch[-1][0]
-            self.aggregator.add_calls(batch, self._begin_cost_ns)
+            self.aggregator.add_calls(batch, self._inline_cost_ns, keys=keys)
             self.aggregator.add_background(_perf_ns() - t0)
 
     def _drain(self, wait: bool) -> None:
@@ -592,6 +580,7 @@ class Profiler:
         self._last_adapt = time.monotonic()
         new = self.controller.update(period)
         self._every = new
+        self.calls.set_every(new)
         budget = self.config.budget
         big = new >= 4 * self._reported_every or 4 * new <= self._reported_every
         quiet = time.monotonic() - self._reported_at < RATE_EVENT_EVERY_S
@@ -662,7 +651,7 @@ class Profiler:
             "calls": t.calls,
             "sampled": t.sampled,
             "discarded": self.discarded,
-            "discarded_calls": self.discarded_calls,
+            "call_queue_overflows": self.calls.overflows,
             "dropped": self.dropped,
             "exported": self._exporter.exported if self._exporter is not None else 0,
             "export_failures": self.export_failures,
@@ -673,19 +662,3 @@ class Profiler:
             "cupti": self.cupti_reason or ("on" if self._tracer is not None else "not in use"),
             "host_samples": self._host.samples if self._host is not None else 0,
         }
-
-    def _calibrate_begin(self) -> int:
-        """The cost of an unsampled ``begin`` (a counter and a modulo), in ns: measured once
-        here rather than timed on every call, where timing it would cost as much again."""
-        every = self._every
-        self._every = 1 << 62
-        dummy = nn.Identity()
-        runs = []
-        for _ in range(5):
-            t = _perf_ns()
-            for _ in range(200):
-                self.begin(dummy)
-            runs.append((_perf_ns() - t) / 200)
-        self._every = every
-        self._counter = itertools.count(1)
-        return int(statistics.median(runs))

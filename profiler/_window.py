@@ -15,6 +15,7 @@ controller reads the cumulative totals (:meth:`WindowAggregator.totals`).
 from __future__ import annotations
 
 import bisect
+import operator
 import random
 import threading
 import time
@@ -25,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from profiler._rows import HostRow, LayerRow, ProfilerEvent, RequestRow, SampledRow
+
+#: the columns of a queued call (see ``WindowAggregator.add_calls``)
+_col = [operator.itemgetter(i) for i in range(6)]
 
 RESERVOIR = 512
 #: Most shape buckets kept per window; calls of further buckets are counted as ``other``.
@@ -255,25 +259,32 @@ class WindowAggregator:
                 self._overhead_ns[key] = self._overhead_ns.get(key, 0) + cost
                 t.call_cost_ns += cost
 
-    def add_calls(self, calls: list[tuple[Any, ...]], extra_cost_ns: int = 0) -> None:
+    def add_calls(self, calls: list[tuple[Any, ...]], extra_cost_ns: int = 0, *,
+                  keys: list[str] | None = None) -> None:
         """Many served calls at once: (variant, bucket, elapsed ns, error, fallback, cost ns)
-        each; every call's cost is charged with ``extra_cost_ns`` more (the calibrated cost
-        of an unsampled ``begin``) when it has a cost of its own. In bulk, per (variant,
-        bucket): on a 1 ms model this runs for every call served, so its per-call cost is part
-        of the profiler's overhead."""
+        each; every call but a sampled one (cost < 0: charged with its sampled cost) is
+        charged ``extra_cost_ns`` more (the calibrated cost of the steps no one timed in
+        place, see ``profiler._calls.inline_cost_ns``). ``keys``: each call's bucket,
+        where the entries' own are not keys yet (the profiler's call queue). In bulk, per
+        (variant, bucket): on a 1 ms model this runs for every call served, so its per-call
+        cost is part of the profiler's overhead."""
         if not calls:
             return
-        variants, buckets, elapsed, errors, fallbacks, costs = zip(*calls)
         n = len(calls)
+        variants = list(map(_col[0], calls))
+        buckets = keys if keys is not None else list(map(_col[1], calls))
         if variants.count(variants[0]) == n and buckets.count(buckets[0]) == n:
             groups: dict[tuple[Any, str], Any] = {(variants[0], buckets[0]): slice(None)}
         else:
             groups = {}
             for i, pair in enumerate(zip(variants, buckets)):
                 groups.setdefault(pair, []).append(i)
-        elapsed_ns = np.asarray(elapsed, dtype=np.int64)
-        cost_ns = np.asarray(costs, dtype=np.int64)
-        error_a, fallback_a = np.asarray(errors, dtype=bool), np.asarray(fallbacks, dtype=bool)
+        elapsed_ns = np.fromiter(map(_col[2], calls), np.int64, n)
+        cost_ns = np.fromiter(map(_col[5], calls), np.int64, n)
+        # errors and fallbacks are rare: an array only when there are any
+        error_a = np.fromiter(map(_col[3], calls), bool, n) if any(map(_col[3], calls)) else None
+        fallback_a = (np.fromiter(map(_col[4], calls), bool, n)
+                      if any(map(_col[4], calls)) else None)
         with self._lock:
             t = self._totals
             for (variant, bucket), idx in groups.items():
@@ -283,14 +294,15 @@ class WindowAggregator:
                     series = self._calls[key] = _Series(self._rng, histogram=True)
                 el = elapsed_ns[idx]
                 series.add_many(el / 1e6, self._np_rng)
-                if nerr := int(error_a[idx].sum()):
+                if error_a is not None and (nerr := int(error_a[idx].sum())):
                     self._errors[key] = self._errors.get(key, 0) + nerr
-                if nfb := int(fallback_a[idx].sum()):
+                if fallback_a is not None and (nfb := int(fallback_a[idx].sum())):
                     self._fallbacks[key] = self._fallbacks.get(key, 0) + nfb
                 t.calls += len(el)
                 t.serving_ns += int(el.sum())
                 c = cost_ns[idx]
-                if cost := int(c.sum()) + extra_cost_ns * int(np.count_nonzero(c)):
+                own = c >= 0  # negative: a sampled call, charged with its sampled cost
+                if cost := int(c[own].sum()) + extra_cost_ns * int(np.count_nonzero(own)):
                     self._overhead_ns[key] = self._overhead_ns.get(key, 0) + cost
                     t.call_cost_ns += cost
 

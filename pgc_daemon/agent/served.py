@@ -5,17 +5,14 @@
 - nothing of pgc raises into the caller: profiling, reservoir and shadow capture swallow
   their own errors, and when a pgc *variant* raises, the call is served again by the base
   module (the user's own);
-- the variant is blamed only when the base then succeeds on the same input (a *fallback*,
-  reported to the swapper, which reverts the variant or fails its canary). When the base
-  raises too, the input itself was bad: the caller gets the base's exception, unchanged,
-  counted as a *caller error*, and the variant keeps serving. One malformed request must
-  not roll back a healthy variant;
-- an exception from the user's own module is the user's: it is re-raised unchanged.
-
-Everything slow runs on background threads (the profiler's exporter, the swapper). With an
-:class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference thread
-(one OpenMP team however many callers), at the thread count the
-:class:`~pgc_daemon.agent.threadtune.ThreadTuner` chose for the serving variant on live calls.
+- the variant is blamed only when the base then succeeds on the same input (a *fallback*:
+  the swapper reverts the variant or fails its canary). When the base raises too, the input
+  was bad: the caller gets the base's exception, unchanged (a *caller error*), and the
+  variant keeps serving; an exception from the user's own module is re-raised unchanged;
+- the profiler's steps are inline (an unsampled call runs none of its Python: see
+  ``profiler._profiler``). Everything slow runs on background threads. With an
+  :class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference
+  thread, at the thread count the :class:`~pgc_daemon.agent.threadtune.ThreadTuner` chose.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ _perf_ns = time.perf_counter_ns
 
 
 class ServedModel(Lifecycle):
-    """A callable that serves through the active variant of a model. Create with
-    :func:`~pgc_daemon.agent.attach`; it is the swapper's :class:`~pgc_daemon.agent.contract.Served`."""
+    """A callable that serves through the active variant of a model (made by ``attach``)."""
 
     def __init__(self, registry: Registry, profiler: ProfilerConfig,
                  executor: dict[str, Any] | None = None) -> None:
@@ -63,6 +59,7 @@ class ServedModel(Lifecycle):
                                  serving=lambda: self._slot.variant_id,
                                  quiet=lambda: not self.swapper.busy.is_set())
         self.profiler.watch(self.base)
+        self._calls = self.profiler.calls
         self.executor = executor_for(self._serve, registry.name, executor,  # None: inline
                                      choice_for(executor, lambda: registry.policy, self.profiler))
         self._submit = self._serve if self.executor is None else self.executor.submit
@@ -86,7 +83,9 @@ class ServedModel(Lifecycle):
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
         use = self.tuner.use(slot.variant_id, probing=self._slot.control is None)
-        token = self.profiler.begin(slot.module) if slot.hookable else None
+        prof, calls = self.profiler, self._calls
+        mark = calls.mark()
+        token = prof.sample(slot.module) if mark and slot.hookable else None
         fallback = False
         t0 = _perf_ns()
         try:
@@ -94,7 +93,7 @@ class ServedModel(Lifecycle):
                 out = slot.module(*args, **kwargs)
         except Exception as exc:
             if token is not None:
-                self.profiler.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
+                prof.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
                 token = None
             try:
                 if not traced_while_serving(exc):
@@ -107,8 +106,11 @@ class ServedModel(Lifecycle):
                 out = self._fallback(slot, again, args, kwargs)  # raises the base's error
                 fallback = True
         elapsed = _perf_ns() - t0
+        if mark is None:
+            calls.record((slot.variant_id, None, elapsed, False, fallback, 0))
+        else:
+            prof.end(token, slot.variant_id, args, kwargs, elapsed, fallback=fallback)
         self.calls += 1
-        self.profiler.end(token, slot.variant_id, args, kwargs, elapsed, fallback=fallback)
         try:
             if steady and token is None and not fallback:  # hooks would bias the comparison
                 self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
@@ -128,9 +130,7 @@ class ServedModel(Lifecycle):
             return module(*args, **kwargs)
 
     def _fallback(self, slot: Slot, exc: Exception, args: Any, kwargs: Any) -> Any:
-        """Serve a call a variant failed with the base module. Only if the base succeeds is the
-        variant to blame; if the base raises as well, its exception (the one the user's own
-        model gives for this input) goes to the caller and the variant is left alone."""
+        """Serve a call a variant failed with the base module (see the module docstring)."""
         try:
             try:
                 with torch.inference_mode():

@@ -57,6 +57,38 @@ def test_attach_registers_and_exports_live_statistics(mlp_spec: dict, settings: 
         served.close()
 
 
+def test_calls_of_changing_shapes_are_each_counted_under_their_own(
+        mlp_spec: dict, settings: Settings, store: st.Store) -> None:
+    """The request path keys one call in 16 while traffic keeps one shape; once a drain has
+    seen the shape change, every call is keyed again and the histogram is exact."""
+    served = _attach(mlp_spec, settings)
+    try:
+        x = _inputs(mlp_spec)[0]
+        for _ in range(200):
+            served(x)
+        served.profiler.status()  # a drain: one shape alone, sparse keying from here
+        assert not served.profiler.calls.dense
+        model_id = served.model_id
+
+        def histogram() -> dict[str, int]:
+            served.flush()
+            with store.session() as s:
+                return st.repo.shape_histogram(s, model_id)
+
+        for i in range(30):
+            served(x[:8] if i % 3 == 0 else x)
+        before = histogram()  # a drain that saw the change: dense keying from here
+        assert served.profiler.calls.dense
+        assert sum(before.values()) == 230  # every call counted, some under the old shape
+        for i in range(300):
+            served(x[:8] if i % 3 == 0 else x)
+        after = histogram()
+        assert after["b8 1x8x8"] - before.get("b8 1x8x8", 0) == 100
+        assert after["b64 1x8x8"] - before["b64 1x8x8"] == 200
+    finally:
+        served.close()
+
+
 def test_the_users_own_errors_are_not_hidden(mlp_spec: dict, settings: Settings) -> None:
     served = _attach(mlp_spec, settings)
     try:

@@ -230,13 +230,15 @@ def test_the_drop_count_waits_for_a_window_with_request_rows() -> None:
     assert sum(r.dropped for r in rows.requests) == prof.dropped == 1
 
 
-def test_calls_pushed_out_of_a_full_call_queue_are_counted(monkeypatch: Any) -> None:
-    import profiler._profiler as pp
+def test_a_call_queue_that_filled_before_it_was_drained_says_so() -> None:
+    from profiler._calls import CallQueue
 
-    monkeypatch.setattr(pp, "MAX_QUEUED_CALLS", 10)
     prof = Profiler(ProfilerConfig(sample_every=1000, budget=None, host_interval_s=None))
-    prof._calls = __import__("collections").deque(maxlen=10)
+    prof.calls = CallQueue(1000, maxlen=10)
     for _ in range(25):
         prof.end(None, 1, (torch.ones(1),), {}, 1000)
-    assert prof.discarded_calls == 15
-    assert prof.status()["discarded_calls"] == 15
+    assert prof.status()["call_queue_overflows"] == 1  # the 15 oldest went uncounted
+    assert prof.close_window().requests[0].count == 10
+    for _ in range(5):
+        prof.end(None, 1, (torch.ones(1),), {}, 1000)
+    assert prof.status()["call_queue_overflows"] == 1  # not full this time

@@ -274,11 +274,13 @@ def test_calls_added_in_bulk_count_as_calls_added_one_by_one() -> None:
     for i in range(20_000):
         variant, bucket = (1, "b1 s128") if i % 10 else (2, "b8 s64")
         ms = float(rng.gamma(2.0, 5.0)) + (0.0 if i < 10_000 else 20.0)  # drifts mid-stream
-        calls.append((variant, bucket, int(ms * 1e3) * 1000, i % 97 == 0, i % 89 == 0, 1000 * (i % 3)))
+        # costs: -1 a sampled call (charged elsewhere), 0 an untimed one, 1000 timed in place
+        calls.append((variant, bucket, int(ms * 1e3) * 1000, i % 97 == 0, i % 89 == 0,
+                      1000 * (i % 3 - 1) if i % 3 else -1))
     one, bulk = WindowAggregator(), WindowAggregator()
     for variant, bucket, ns, err, fb, cost in calls:
         one.add_call(variant, bucket, ns / 1e6, error=err, fallback=fb,
-                     extra_cost_ns=cost + 500 if cost else 0)
+                     extra_cost_ns=cost + 500 if cost >= 0 else 0)
     for part in range(0, len(calls), 3000):  # drained in batches, as the profiler does
         bulk.add_calls(calls[part:part + 3000], extra_cost_ns=500)
     t_bulk, t_one = bulk.totals(), one.totals()

@@ -1,0 +1,85 @@
+"""The request path's marks and call queue: which calls are sampled and keyed, and how unkeyed
+calls are counted. Real tensors, a real profiler, the agent's inline steps."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from profiler import KEY, SAMPLE, CallQueue, Profiler, ProfilerConfig
+from profiler._calls import KEY_EVERY, MAX_CYCLE
+
+
+def _marks(q: CallQueue, n: int) -> list[Any]:
+    return [q.mark() for _ in range(n)]
+
+
+def test_one_call_in_n_is_marked_for_sampling_and_dense_keying_marks_every_call() -> None:
+    q = CallQueue(100)
+    marks = _marks(q, 1000)
+    assert marks.count(SAMPLE) == 10 and marks[0] == SAMPLE
+    assert None not in marks  # dense until a drain has seen one shape alone
+
+
+def test_one_shape_alone_switches_to_sparse_keying_and_a_new_shape_back() -> None:
+    q = CallQueue(100)
+    a, b = (torch.Size([1, 8]), torch.int64), (torch.Size([1, 40]), torch.int64)
+    for _ in range(50):
+        q.record((1, a, 1000, False, False, 0))
+    q.drain()  # the first key seen, alone: sparse from here
+    assert not q.dense
+    marks = _marks(q, 1600)
+    assert marks.count(SAMPLE) == 16
+    assert marks.count(KEY) + marks.count(SAMPLE) == 16 * len(range(0, 100, KEY_EVERY))
+    # the agent records unkeyed calls as None: they count under the last key drained
+    for i in range(40):
+        q.record((1, b if i == 20 else None, 1000, False, False, 0))
+    entries, keys = q.drain()
+    assert len(entries) == 40
+    assert keys[:20] == ["b1 s16"] * 20 and keys[20:] == ["b1 s64"] * 20
+    assert q.dense and None not in _marks(q, 200)
+
+
+def test_a_rate_rarer_than_the_longest_cycle_samples_one_sample_mark_in_k() -> None:
+    every = 3 * MAX_CYCLE + 7
+    q = CallQueue(every)
+    sampled = sum(1 for _ in range(10 * every) if q.mark() == SAMPLE and q.due())
+    assert sampled in (9, 10, 11)
+    q.set_every(50)
+    assert sum(1 for _ in range(500) if q.mark() == SAMPLE and q.due()) == 10
+
+
+def test_the_agents_inline_steps_count_every_call_under_its_own_shape() -> None:
+    """The serving path's steps (as in ``profiler._profiler``'s docstring) on mixed shapes
+    and then on one shape: every call is counted once, each under its own key."""
+    prof = Profiler(ProfilerConfig(sample_every=7, budget=None, host_interval_s=None))
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 2))
+    prof.watch(model)
+
+    def call(x: torch.Tensor) -> None:
+        calls = prof.calls
+        mark = calls.mark()
+        token = prof.sample(model) if mark else None
+        t0 = time.perf_counter_ns()
+        model(x)
+        t1 = time.perf_counter_ns()
+        if mark is None:
+            calls.record((1, None, t1 - t0, False, False, 0))
+        else:
+            prof.end(token, 1, (x,), {}, t1 - t0)
+
+    short, long_ = torch.zeros(1, 10, dtype=torch.long), torch.zeros(1, 100, dtype=torch.long)
+    for i in range(300):
+        call(short if i % 3 else long_)
+    win = prof.close_window()
+    assert {r.shape_bucket: r.count for r in win.requests} == {"b1 s16": 200, "b1 s128": 100}
+    for _ in range(400):
+        call(short)
+        if _ == 10:
+            prof.status()  # a drain that sees one shape alone: sparse keying from here
+    assert not prof.calls.dense
+    win = prof.close_window()
+    assert {r.shape_bucket: r.count for r in win.requests} == {"b1 s16": 400}
+    assert sum(r.sampled for r in win.requests) >= 400 // 7 - 2
