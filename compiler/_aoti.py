@@ -50,6 +50,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
 from compiler._aoti_native import NativePackage, extract_folder, plain_package
+from compiler._kernel_map import PROFILE_OPTIONS, KernelMap, kernel_map, merge
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
 
@@ -174,11 +175,15 @@ class AotiModule(nn.Module):
     """Loaded packages, one per input signature, and the original model for every other call.
 
     The original model is not registered as a submodule: the variant's layers are compiled
-    away, and profiling or ``state_dict`` must not see the fp32 model's as its own."""
+    away, and profiling or ``state_dict`` must not see the fp32 model's as its own. Which
+    layers each kernel computes is ``kernel_layers`` (None when unknown): the live profiler
+    splits a sampled call's kernel times over them."""
 
-    def __init__(self, runners: dict[Signature, PackageRunner], fallback: nn.Module) -> None:
+    def __init__(self, runners: dict[Signature, PackageRunner], fallback: nn.Module,
+                 kernel_layers: KernelMap | None = None) -> None:
         super().__init__()
         self.runners = runners
+        self.kernel_layers = kernel_layers
         self.__dict__["fallback"] = fallback
         self.shape_misses = 0
         self._misses_lock = threading.Lock()
@@ -203,15 +208,21 @@ def aoti_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def compile_package(
     module: nn.Module, example: Example, path: Path, options: dict[str, Any]
-) -> None:
-    """Export ``module`` with the example's static shapes and compile it into ``path``."""
+) -> KernelMap | None:
+    """Export ``module`` with the example's static shapes and compile it into ``path``;
+    returns which layers each of its kernels computes (:mod:`compiler._kernel_map`)."""
     from torch._inductor import aoti_compile_and_package
 
     args, kwargs = example
     with torch.no_grad(), quiet(), contextlib.redirect_stderr(io.StringIO()):
         program = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
-        aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(options))
+        aoti_compile_and_package(program, package_path=str(path),
+                                 inductor_configs={**options, **PROFILE_OPTIONS})
     _drop_build_outputs(path)
+    try:
+        return kernel_map(program, path)
+    except Exception:  # noqa: BLE001 - no attribution, the package serves all the same
+        return None
 
 
 def _drop_build_outputs(package: Path) -> None:
@@ -293,12 +304,13 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
         runners: dict[Signature, PackageRunner] = {}
         files: list[str] = []
         inputs: list[dict[str, Any]] = []
+        maps: list[KernelMap | None] = []
         for i, ex in enumerate(shape_examples(example, ctx.recipe)):
             sig = signature(*ex)
             if sig in runners:
                 continue
             name = f"model{i}.pt2"
-            compile_package(model, ex, folder / name, aoti_options(options))
+            maps.append(compile_package(model, ex, folder / name, aoti_options(options)))
             runner = PackageRunner(folder / name)
             with torch.no_grad():
                 err = relative_error(model(*ex[0], **ex[1]), runner(*ex))
@@ -312,22 +324,25 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    ctx.state["artifact"] = {"kind": "aoti", "folder": folder, "files": files, "inputs": inputs}
+    kernels = merge(maps)
+    ctx.state["artifact"] = {"kind": "aoti", "folder": folder, "files": files, "inputs": inputs,
+                             "kernels": kernels}
     summary = summarize_package(folder / files[0])
     if len(files) > 1:
         summary += f" ({len(files)} packages, one per bucket length)"
     ctx.report.kernel_paths["<compiled>"] = summary
-    return AotiModule(runners, ctx.state.get("original", model))
+    return AotiModule(runners, ctx.state.get("original", model), kernels)
 
 
 def load_aoti(
-    folder: Path, files: Sequence[str], inputs: Sequence[dict[str, Any]], fallback: nn.Module
+    folder: Path, files: Sequence[str], inputs: Sequence[dict[str, Any]], fallback: nn.Module,
+    kernels: KernelMap | None = None,
 ) -> AotiModule:
     """Load stored packages (nothing is compiled) and serve them as :func:`to_aoti` did."""
     runners = {
         signature_from_json(sig): PackageRunner(folder / name) for name, sig in zip(files, inputs)
     }
-    return AotiModule(runners, fallback)
+    return AotiModule(runners, fallback, kernels)
 
 
 # --------------------------------------------------------------------------- reading

@@ -50,6 +50,12 @@ class BuiltVariant:
         end only."""
         return not self.report.compiled
 
+    @property
+    def kernel_layers(self) -> dict[str, list[list[str]]] | None:
+        """For a compiled module whose kernels are known (an AOTInductor package): which
+        layers each kernel computes (``compiler._kernel_map``); None otherwise."""
+        return getattr(self.module, "kernel_layers", None)
+
 
 def build(
     model: nn.Module,
@@ -198,7 +204,7 @@ def _artifact_module(manifest: dict[str, Any], folder: Path, model: nn.Module) -
         order = manifest["order"]
         if not set(order) <= set(manifest["files"]):  # only files whose checksum was checked
             raise ValueError("the manifest names packages it has no checksum for")
-        return load_aoti(folder, order, manifest["inputs"], model)
+        return load_aoti(folder, order, manifest["inputs"], model, manifest.get("kernels"))
     if kind == "onnx":
         from compiler._ort import load_onnx
 
@@ -231,7 +237,7 @@ def _store_artifact(
     }
     if made["kind"] == "aoti":
         files: dict[str, Path | bytes] = {n: made["folder"] / n for n in made["files"]}
-        meta.update(order=list(made["files"]), inputs=made["inputs"])
+        meta.update(order=list(made["files"]), inputs=made["inputs"], kernels=made.get("kernels"))
     elif made["kind"] == "openvino":
         files = dict(made["files"])
         meta.update(input_names=made["input_names"], out_spec=made["out_spec"], mode=made["mode"])

@@ -88,6 +88,10 @@ class RawCall:
     hooks: int = 0
     gpu: Any = None
     counter_names: tuple[str, ...] | None = None
+    #: a compiled module's call: the ``torch.profiler`` trace of its kernels, and the call's
+    #: time net of the profiler (set on the background thread)
+    trace: Any = None
+    call_ms: float | None = None
 
 
 class LayerTimer:

@@ -43,6 +43,7 @@ from torch import nn
 
 from profiler._budget import Period, RateController
 from profiler._calls import CallQueue, inline_cost_ns
+from profiler._compiled import KernelTimer
 from profiler._config import ProfilerConfig
 from profiler._exporter import Exporter
 from profiler._hooks import LayerTimer, RawCall
@@ -209,15 +210,18 @@ class Profiler:
 
     # ----------------------------------------------------------------- models
 
-    def watch(self, module: nn.Module) -> None:
-        """Prepare per-layer timing of ``module`` (the eager modules that may serve). The
-        profiler holds it (its timer references every layer) until :meth:`forget` or
-        :meth:`retain` lets go of it."""
+    def watch(self, module: nn.Module, kernels: Any = None) -> None:
+        """Prepare per-layer timing of ``module`` (the modules that may serve): through hooks,
+        or for a compiled module through its kernels, given which layers each computes
+        (``kernels``, see :mod:`profiler._compiled`). The profiler holds it (its timer
+        references every layer) until :meth:`forget` or :meth:`retain` lets go of it."""
         timer = self._timers.get(id(module))
         if timer is not None and timer.modules and timer.modules[0] is module:
             return
         # a new module, or one that reuses the id of a module collected without ``forget``
-        self._timers[id(module)] = LayerTimer(module, self._counter_source(), self._gpu_for(module))
+        self._timers[id(module)] = (
+            KernelTimer(module, kernels) if kernels
+            else LayerTimer(module, self._counter_source(), self._gpu_for(module)))
 
     def forget(self, module: nn.Module) -> None:
         self._timers.pop(id(module), None)
@@ -485,7 +489,10 @@ class Profiler:
         raw = p.raw
         gpu_ms = None
         kernels = None
-        elapsed_ms = (p.elapsed_ns - raw.overhead_ns) / 1e6
+        if raw.trace is not None:  # a compiled variant's kernels: the trace's own cost first
+            p.timer.count_events(raw)
+            p.cost_ns += raw.overhead_ns
+        elapsed_ms = raw.call_ms = (p.elapsed_ns - raw.overhead_ns) / 1e6
         if raw.gpu is not None and p.timer.gpu is not None:
             gpu_ms, elapsed_ms = p.timer.gpu.resolve(raw.gpu)
             kernels = self._kernels.pop(raw.seq, None)

@@ -116,7 +116,8 @@ class Follower:
     def _load(self, variant: st.Variant) -> Slot:
         built = in_short_thread(self.variants.build, variant.recipe, variant.artifact)
         in_short_thread(warm, built, self.variants.warm_examples())
-        slot = Slot(built.module, variant.id, variant.label, built.hookable)
+        slot = Slot(built.module, variant.id, variant.label, built.hookable,
+                    kernels=built.kernel_layers)
         self.variants.remember(slot)
         if self.served.registry.settings.gc_freeze:
             settle_heap()

@@ -116,10 +116,9 @@ class Lifecycle:
         calls already running keep the module they read. The profiler lets go of every module
         that no longer serves (a replaced variant, a rolled-back candidate, the control of a
         finished canary), so nothing of pgc keeps a replaced variant alive."""
-        if new.hookable:
-            self.profiler.watch(new.module)
-        if new.control is not None and new.control.hookable:
-            self.profiler.watch(new.control.module)
+        for slot in (new, new.control):
+            if slot is not None and slot.per_layer:
+                self.profiler.watch(slot.module, kernels=slot.kernels)
         old, self._slot = self._slot, new
         serving = [self.base, new.module]
         if new.control is not None:

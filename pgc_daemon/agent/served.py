@@ -85,7 +85,7 @@ class ServedModel(Lifecycle):
         use = self.tuner.use(slot.variant_id, probing=self._slot.control is None)
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
-        token = prof.sample(slot.module) if mark and slot.hookable else None
+        token = prof.sample(slot.module) if mark and slot.per_layer else None
         fallback = False
         t0 = _perf_ns()
         try:

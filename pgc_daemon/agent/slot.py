@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -17,9 +18,11 @@ AB_BLOCK = 8
 class Slot:
     """A module and the variant it is (None before the agent registered with the store).
 
-    ``hookable``: per-layer hooks see its layers (eager modules). ``control``: set while this
-    slot is a canary; then calls alternate, in blocks, between it and the control (what
-    served before), so both are measured side by side on the same live traffic.
+    ``hookable``: per-layer hooks see its layers (eager modules). ``kernels``: for a compiled
+    module, which layers each of its kernels computes (sampled calls are then split over
+    them, see ``profiler._compiled``). ``control``: set while this slot is a canary; then
+    calls alternate, in blocks, between it and the control (what served before), so both are
+    measured side by side on the same live traffic.
     """
 
     module: nn.Module
@@ -28,6 +31,12 @@ class Slot:
     hookable: bool
     deployment_id: int | None = None
     control: Slot | None = None
+    kernels: Any = None
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether a sampled call of this slot is timed per layer (hooks or kernels)."""
+        return self.hookable or self.kernels is not None
 
     @property
     def canary(self) -> bool:

@@ -278,7 +278,8 @@ class Swapper:
                 self._transition(
                     dep_id, D.VERIFYING, f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
                 )
-                slot = Slot(built.module, variant.id, variant.label, built.hookable, dep_id)
+                slot = Slot(built.module, variant.id, variant.label, built.hookable, dep_id,
+                            kernels=built.kernel_layers)
                 self.variants.remember(slot)
                 if reg.settings.gc_freeze:
                     settle_heap()

@@ -120,9 +120,9 @@ def put_policy(name: str, body: PolicyUpdate, store: StoreDep, limit: SearchLimi
     response_model=ProfilePublic,
     responses=RESPONSES_404,
     summary="Per-layer live latency, hottest first, with suggestions",
-    description="Per-layer numbers exist for eager variants only: a compiled (Inductor) "
-    "variant fuses its layers into kernels that hooks cannot time, so its profile is empty "
-    "and its live latency is end to end (see `timeline`).",
+    description="The fp32 base's per-layer rows (or `variant_id`'s), and beside them the "
+    "serving variant's (`active`): for a compiled (AOTInductor) variant, its kernels timed on "
+    "sampled calls and split over the layers each was generated from.",
 )
 def get_profile(
     name: str,

@@ -313,11 +313,17 @@ def _report(
         "search_message": search.get("message"),
         "deployed_recipe": active.get("recipe") if deployed else None,
         "deployed_label": active.get("label") if deployed else None,
-        "hottest_layers": [
-            {"layer": r["layer"], "op_type": r["op_type"], "share": round(r["share"], 4), "mean_ms": round(r["mean_ms"], 4)}
-            for r in prof["layers"][:5]
-        ],
+        "hottest_layers": _hottest(prof["layers"]),
+        # the deployed variant's kernels, split over the layers they fuse (sampled calls)
+        "deployed_layers": _hottest(prof["active"]["layers"]) if prof["active"] else None,
+        "deployed_layer_sum_ms": prof["active"]["layer_sum_ms"] if prof["active"] else None,
+        "deployed_live_ms": prof["active"]["live_ms"] if prof["active"] else None,
     }
+
+
+def _hottest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"layer": r["layer"], "op_type": r["op_type"], "share": round(r["share"], 4),
+             "mean_ms": round(r["mean_ms"], 4)} for r in rows[:5]]
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
@@ -358,12 +364,13 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
     )
     if r.get("search_message"):
         console.print(f"search: {r['search_message']}")
-    hot = Table(title="hottest layers (live, fp32)")
-    hot.add_column("layer")
-    hot.add_column("type")
-    hot.add_column("share", justify="right")
-    hot.add_column("mean ms", justify="right")
-    for h in r.get("hottest_layers", []):
-        hot.add_row(h["layer"], h["op_type"], f"{h['share']:.1%}", f"{h['mean_ms']:.3f}")
-    console.print(hot)
+    for key, title in (("hottest_layers", "hottest layers (live, fp32)"),
+                       ("deployed_layers", "hottest layers (live, deployed: its kernels)")):
+        hot = Table(title=title)
+        for col in ("layer", "type", "share", "mean ms"):
+            hot.add_column(col, justify="right" if col in ("share", "mean ms") else "left")
+        for h in r.get(key) or []:
+            hot.add_row(h["layer"], h["op_type"], f"{h['share']:.1%}", f"{h['mean_ms']:.3f}")
+        if r.get(key):
+            console.print(hot)
     sys.stderr.flush()

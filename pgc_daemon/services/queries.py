@@ -244,6 +244,29 @@ def profile_summary(
         "layers": rows,
         "shapes": st.repo.shape_histogram(s, model.id, since=since),
         "requests": st.repo.request_summary(s, model.id, since=since),
+        "active": active_profile(s, model, vid, since) if variant_id is None else None,
+    }
+
+
+def active_profile(
+    s: Session, model: st.Model, shown: int | None, since: float
+) -> dict[str, Any] | None:
+    """The serving variant's per-layer rows, when it is not the one shown (a compiled variant:
+    its kernels' time split over the layers they fuse), beside its live latency."""
+    dep = st.repo.active_deployment(s, model.id)
+    if dep is None or dep.variant_id is None or dep.variant_id == shown:
+        return None
+    rows = st.repo.layer_profile(s, model.id, variant_id=dep.variant_id, since=since)
+    if not rows:
+        return None
+    live = st.repo.request_summary(s, model.id, variant_id=dep.variant_id, since=since)
+    variant = s.get(st.Variant, dep.variant_id)
+    return {
+        "variant_id": dep.variant_id,
+        "label": variant.label if variant is not None else None,
+        "layers": [{**r, "counters": None, "suggestion": None} for r in rows],
+        "layer_sum_ms": sum(r["mean_ms"] for r in rows),
+        "live_ms": live["mean_ms"] if live else None,
     }
 
 

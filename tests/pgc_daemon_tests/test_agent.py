@@ -14,6 +14,10 @@ from pgc_daemon import attach
 from pgc_daemon.settings import Settings
 from pgc_daemon.agent.slot import Slot
 
+from pgc_daemon.services.queries import profile_summary
+from profiler import ProfilerConfig
+from profiler._compiled import BETWEEN
+
 from .helpers import Load, deploy, deployment_state, wait_for
 
 SPEC = "pgc_daemon.examples.digits:mlp"
@@ -21,9 +25,10 @@ INT8 = Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}))
 INT8_COMPILED = Recipe(quantization=INT8.quantization, backend=Backend("inductor"))
 
 
-def _attach(spec: dict[str, Any], settings: Settings, **policy: Any) -> Any:
+def _attach(spec: dict[str, Any], settings: Settings, profiler: Any = None, **policy: Any) -> Any:
     policy = {"canary_s": 0.5, "canary_shadow_samples": 4, **policy}
-    served = attach(spec["model"], name="mlp", spec=SPEC, settings=settings, policy=policy)
+    served = attach(spec["model"], name="mlp", spec=SPEC, settings=settings, policy=policy,
+                    profiler=profiler)
     wait_for(lambda: served.model_id is not None, what="registration")
     return served
 
@@ -103,7 +108,9 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
 ) -> None:
     # torchao's eager int8 is slower than fp32 on a model this small; the canary would
     # (rightly) roll it back. This test is about correctness across swaps, so allow it.
-    served = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
+    # a fixed sampling rate: on a model this small the budget would sample almost nothing
+    fixed = ProfilerConfig(sample_every=5, budget=None, window_s=settings.window_s)
+    served = _attach(mlp_spec, settings, profiler=fixed, canary_latency_tolerance=10.0)
     try:
         with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=4) as load:
             wait_for(lambda: load.calls > 50, what="traffic")
@@ -128,6 +135,19 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
             ]
             assert last.live_fidelity is not None and last.live_fidelity > 0.9
         assert served.slot.label == INT8_COMPILED.label()
+        # the compiled variant's sampled calls are split over the layers its kernels fuse
+        for x in _inputs(mlp_spec) * 50:
+            served(x)
+        served.flush()
+        with store.session() as s:
+            prof = profile_summary(s, st.repo.get_model(s, "mlp"))
+        active = prof["active"]
+        assert active is not None and active["variant_id"] == served.slot.variant_id
+        names = {dict(mlp_spec["model"].named_modules()).get(r["layer"]) is not None
+                 or r["layer"] in ("(root)", BETWEEN) for r in active["layers"]}
+        assert names == {True}
+        assert {r["layer"] for r in active["layers"]} >= {"net.1", "net.3", "net.5"}
+        assert active["layer_sum_ms"] > 0 and active["live_ms"] > 0
     finally:
         served.close()
 

@@ -129,12 +129,25 @@ class LayerPublic(BaseModel):
     )
 
 
+class ActiveProfile(BaseModel):
+    variant_id: int
+    label: str | None
+    layers: list[LayerPublic] = Field(
+        description="a compiled variant's kernels, timed on sampled calls and split over the "
+        "layers each was generated from; `op_type` names the kernel and the layers it fuses "
+        "with; `(between kernels)` is the wrapper's time")
+    layer_sum_ms: float = Field(description="the rows' mean times added up: one call")
+    live_ms: float | None = Field(description="the variant's live end-to-end mean latency")
+
+
 class ProfilePublic(BaseModel):
     model: str
     variant_id: int | None
     layers: list[LayerPublic]
     shapes: dict[str, int]
     requests: Summary | None
+    active: ActiveProfile | None = Field(
+        None, description="the serving variant's per-layer rows when it is not the one shown")
 
 
 class EventPublic(BaseModel):

@@ -1,0 +1,90 @@
+"""Per-layer time of a compiled variant: a real AOTInductor package of a model whose kernel
+split is known, its kernels timed on sampled calls and split over the layers they came from;
+the map survives the artifact round trip, so a process that only loads the package sees it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from compiler import Backend, CompileCache, Recipe, build, load_artifact
+from profiler import Profiler, ProfilerConfig
+from profiler._compiled import BETWEEN
+
+
+class Net(nn.Module):
+    """Known split once compiled with freezing: fc1 with the GELU as one oneDNN linear (a
+    fused epilogue), fc2 a oneDNN linear of its own, and one generated kernel for the layer
+    norm fused with the root's ``+ 1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(512, 2048)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2048, 512)
+        self.norm = nn.LayerNorm(512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.fc2(self.act(self.fc1(x))) + 1)
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, Path]:
+    torch.manual_seed(0)
+    model = Net().eval()
+    folder = tmp_path_factory.mktemp("cache")
+    v = build(model, Recipe(backend=Backend("inductor")), example=((torch.randn(64, 512),), {}),
+              cache=CompileCache(folder))
+    return model, v, folder
+
+
+def test_the_kernel_map_names_each_kernel_after_the_layers_it_computes(variant) -> None:
+    _, v, _ = variant
+    kmap = v.module.kernel_layers
+    assert kmap is not None
+    calls = sorted(layers for kernel_calls in kmap.values() for layers in kernel_calls)
+    assert calls == [["fc1", "act"], ["fc2"], ["norm", "(root)"]]
+
+
+def test_sampled_calls_of_a_compiled_variant_give_rows_per_layer_that_add_up(variant) -> None:
+    model, v, folder = variant
+    loaded = load_artifact(model, v.recipe, v.artifact, cache=CompileCache(folder))
+    assert loaded.module.kernel_layers == v.module.kernel_layers  # kept with the artifact
+    module = loaded.module
+    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    prof.watch(module, kernels=module.kernel_layers)
+    x = torch.randn(64, 512)
+    with torch.inference_mode():
+        for _ in range(3):
+            module(x)
+        plain = []
+        for _ in range(20):  # unsampled calls: the live latency
+            start = time.perf_counter_ns()
+            module(x)
+            plain.append(time.perf_counter_ns() - start)
+        for _ in range(12):
+            token = prof.begin(module)
+            assert token is not None
+            start = time.perf_counter_ns()
+            module(x)
+            prof.end(token, 2, (x,), {}, time.perf_counter_ns() - start)
+    win = prof.close_window()
+    rows = {(r.layer, r.op_type): r for r in win.layers}
+    layers = {layer for layer, _ in rows}
+    assert layers == {"fc1", "fc2", "act", "norm", "(root)", BETWEEN}
+    assert {op for layer, op in rows if layer == "act"} == {
+        "aoti_torch_cpu__linear_pointwise (fused with fc1)"}
+    assert all(r.count == 12 and r.mean_ms >= 0 for r in rows.values())
+    # fused layers share their kernel's time evenly
+    assert rows[("fc1", "aoti_torch_cpu__linear_pointwise (fused with act)")].mean_ms == \
+        pytest.approx(rows[("act", "aoti_torch_cpu__linear_pointwise (fused with fc1)")].mean_ms)
+    total = sum(r.mean_ms for r in rows.values())
+    live = sorted(plain)[len(plain) // 2] / 1e6
+    assert total == pytest.approx(live, rel=0.25)  # the sampled call, net of the profiler
+    # the two linears carry most of the time, the wrapper little
+    linears = sum(r.mean_ms for (layer, _), r in rows.items() if layer in ("fc1", "act", "fc2"))
+    assert linears > 0.5 * total
