@@ -50,7 +50,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
 from compiler._aoti_native import NativePackage, extract_folder, plain_package
-from compiler._kernel_map import PROFILE_OPTIONS, KernelMap, kernel_map, merge
+from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
 
@@ -217,7 +217,7 @@ def compile_package(
     with torch.no_grad(), quiet(), contextlib.redirect_stderr(io.StringIO()):
         program = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         aoti_compile_and_package(program, package_path=str(path),
-                                 inductor_configs={**options, **PROFILE_OPTIONS})
+                                 inductor_configs={**options, **profile_options()})
     _drop_build_outputs(path)
     try:
         return kernel_map(program, path)

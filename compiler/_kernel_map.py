@@ -9,6 +9,8 @@ each generated C++ kernel also emits a profiler event of its own name (``graph_0
 as library calls through the C shim do (``aoti_torch_cpu_addmm_out``), so a sampled call run
 under ``torch.profiler`` can be split over the model's layers (see ``profiler._kernels``).
 
+Packages are built this way only with ``PGC_KERNEL_PROFILE=1`` (:data:`ENV`).
+
 The map is ``{event name: [layers of its 1st call, layers of its 2nd call, ...]}``: a name
 called several times (one library kernel for every linear) is told apart by its order within
 the call. Layers are module paths as ``named_modules`` gives them, ``(root)`` for the model's
@@ -18,7 +20,7 @@ own ``forward``.
 from __future__ import annotations
 
 import json
-import re
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -30,24 +32,26 @@ PROFILE_OPTIONS: dict[str, Any] = {
     "cpp.enable_kernel_profile": True,
     "trace.provenance_tracking_level": 1,
 }
+#: the switch (an environment variable, so a search worker inherits it and an artifact's
+#: cache key records it): kernel events cost every call of the package a little, profiled or
+#: not (see the README), so packages are built with them only when asked
+ENV = "PGC_KERNEL_PROFILE"
+
+
+def profile_options() -> dict[str, Any]:
+    """The Inductor options that make a package's kernels attributable, when switched on."""
+    return dict(PROFILE_OPTIONS) if os.environ.get(ENV, "0") == "1" else {}
 ROOT = "(root)"
-_GRAPH_PREFIX = re.compile(r"^graph_\d+_")
-
-
-def event_name(name: str) -> str:
-    """A profiler event's name as the map keys it (generated kernels carry a graph prefix)."""
-    return _GRAPH_PREFIX.sub("", name)
-
-
-def node_layers(program: Any) -> dict[str, str]:
+def node_layers(program: Any) -> dict[str, str | None]:
     """Each computing FX node of an exported program, in graph order -> the innermost module
-    it was traced in."""
-    out: dict[str, str] = {}
+    it was traced in; None for nodes no module call made (the quantize and dequantize ops
+    pt2e inserts), which then count for no layer."""
+    out: dict[str, str | None] = {}
     for node in program.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         stack = node.meta.get("nn_module_stack")
-        out[node.name] = (list(stack.values())[-1][0] or ROOT) if stack else ROOT
+        out[node.name] = (list(stack.values())[-1][0] or ROOT) if stack else None
     return out
 
 
@@ -69,23 +73,23 @@ def kernel_map(program: Any, package: str | Path) -> KernelMap | None:
     for k, (_, entry) in enumerate(ordered):
         for n in entry.get("pre_grad_nodes") or []:
             kernel_of.setdefault(n, k)
-    covered = {layer_of.get(n, ROOT) for n in kernel_of}
+    covered = {layer_of.get(n) for n in kernel_of}
     extra: dict[int, list[str]] = {}
     pending: list[str] = []
     for n, layer in layer_of.items():
         if n in kernel_of:
             extra.setdefault(kernel_of[n], []).extend(pending)
             pending = []
-        elif layer not in covered and layer not in pending:
+        elif layer is not None and layer not in covered and layer not in pending:
             pending.append(layer)
     if pending and kernel_of:  # unmapped layers at the end: the last kernel computed them
         extra.setdefault(max(kernel_of.values()), []).extend(pending)
     out: KernelMap = {}
     for k, (key, entry) in enumerate(ordered):
         name = key.rpartition(":")[0] or key
-        own = [layer_of.get(n, ROOT) for n in entry.get("pre_grad_nodes") or []]
-        layers = list(dict.fromkeys(extra.get(k, []) + own)) or [ROOT]
-        out.setdefault(name, []).append(layers)
+        own = [layer_of.get(n) for n in entry.get("pre_grad_nodes") or []]
+        layers = list(dict.fromkeys(extra.get(k, []) + [x for x in own if x is not None]))
+        out.setdefault(name, []).append(layers or [ROOT])
     return out
 
 

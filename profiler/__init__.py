@@ -13,6 +13,8 @@ from typing import Any
 
 from profiler._budget import Period, RateController
 from profiler._calls import KEY, SAMPLE, CallQueue
+from profiler._compiled import KernelTimer
+from profiler._compiled import event_cost_ns as kernel_trace_cost
 from profiler._config import ProfilerConfig
 from profiler._counters import (
     CounterAvailability,
@@ -63,6 +65,7 @@ __all__ = [
     "LATENCY_BUCKETS_MS",
     "SAMPLE",
     "CallQueue",
+    "KernelTimer",
     "CounterAvailability",
     "Exporter",
     "HostRow",
@@ -89,6 +92,7 @@ __all__ = [
     "cupti_status",
     "derived",
     "group_name",
+    "kernel_trace_cost",
     "layout_conversions",
     "parse_key",
     "profile_model",

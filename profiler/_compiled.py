@@ -32,6 +32,8 @@ from profiler._hooks import RawCall
 
 _perf_ns = time.perf_counter_ns
 BETWEEN = "(between kernels)"
+#: the longest op type a row carries (the store's column)
+OP_TYPE_MAX = 100
 
 
 def event_name(name: str) -> str:
@@ -132,7 +134,7 @@ class KernelTimer:
             kernel_total += net
             for layer in layers:
                 others = [x for x in layers if x != layer]
-                op = f"{name} (fused with {', '.join(others)})" if others else name
+                op = _op_type(name, others)
                 key = (layer, op)
                 ms[key] = ms.get(key, 0.0) + net / len(layers)
         if not ms:
@@ -142,6 +144,17 @@ class KernelTimer:
         if call_ms is not None and call_ms > kernel_total:
             out.append((BETWEEN, "wrapper", call_ms - kernel_total, None))
         return out
+
+
+def _op_type(kernel: str, others: list[str]) -> str:
+    """``kernel (fused with a, b)``, at most :data:`OP_TYPE_MAX` characters (the store's
+    column): a generated kernel's name lists every op it fuses and can run long."""
+    fused = f" (fused with {', '.join(others)})" if others else ""
+    if len(fused) > OP_TYPE_MAX // 2:
+        fused = f" (fused with {others[0]} and {len(others) - 1} more)"
+    room = OP_TYPE_MAX - len(fused)
+    name = kernel if len(kernel) <= room else kernel[: room - 1] + "…"
+    return (name + fused)[:OP_TYPE_MAX]
 
 
 def _count_nested(ev: Any) -> int:

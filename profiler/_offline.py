@@ -71,8 +71,11 @@ def profile_model(
     warmup: int = 2,
     counters: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    kernels: Any = None,
 ) -> OfflineProfile:
-    """Profile every call of ``rounds`` passes over ``examples`` (after ``warmup`` calls)."""
+    """Profile every call of ``rounds`` passes over ``examples`` (after ``warmup`` calls);
+    a compiled module through its kernels, given which layers each computes (``kernels``,
+    see :mod:`profiler._compiled`)."""
     if not examples:
         raise ValueError("no example inputs to profile")
     cfg = ProfilerConfig(
@@ -80,7 +83,7 @@ def profile_model(
         counter_every=1,
     )
     prof = Profiler(cfg, key_fn=lambda a, k: "all")
-    prof.watch(model)
+    prof.watch(model, kernels=kernels)
     cuda = any(p.is_cuda for p in model.parameters())
     total = rounds * len(examples)
     shapes: dict[str, int] = {}

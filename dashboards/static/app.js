@@ -437,11 +437,27 @@ function renderLayers(m, baseProfile, activeProfile) {
   const base = baseProfile ? baseProfile.layers.slice(0, TOP_LAYERS) : [];
   const names = base.map((r) => r.layer);
   const active = m.active;
+  // A compiled variant has a row per (layer, kernel): its kernels' time split over the layers
+  // they fuse. Added up per layer; its own hot rows (the wrapper's) join the axis.
+  const byName = {};
+  for (const r of (activeProfile && activeProfile.layers) || []) {
+    const had = byName[r.layer];
+    byName[r.layer] = had
+      ? { ...had, mean_ms: had.mean_ms + r.mean_ms, p95_ms: had.p95_ms + r.p95_ms, share: had.share + r.share,
+          op_type: `${had.op_type}; ${r.op_type}` }
+      : { ...r };
+  }
+  for (const r of Object.values(byName).sort((a, b) => b.mean_ms - a.mean_ms).slice(0, 3)) {
+    if (!names.includes(r.layer)) names.push(r.layer);
+  }
   const series = [
     {
       name: "fp32 eager (base)",
       type: "bar",
-      data: base.map((r) => ({ value: r.mean_ms, row: r })),
+      data: names.map((n) => {
+        const r = base.find((b) => b.layer === n);
+        return r ? { value: r.mean_ms, row: r } : { value: null };
+      }),
       itemStyle: { color: "#98a2b3" },
       barMaxWidth: 14,
     },
@@ -450,7 +466,6 @@ function renderLayers(m, baseProfile, activeProfile) {
   if (!active || active.is_baseline) {
     note = "The fp32 base serves: these are its live per-layer timings (mean over sampled calls).";
   } else if (activeProfile && activeProfile.layers.length) {
-    const byName = Object.fromEntries(activeProfile.layers.map((r) => [r.layer, r]));
     series.push({
       name: `active: ${active.label}`,
       type: "bar",
@@ -458,13 +473,18 @@ function renderLayers(m, baseProfile, activeProfile) {
       itemStyle: { color: "#2f6fde" },
       barMaxWidth: 14,
     });
-    note = `Mean per-layer latency of the active variant (${active.label}) next to the fp32 base.`;
+    const compiled = activeProfile.layers.some((r) => r.layer === "(between kernels)");
+    note = compiled
+      ? `Mean per-layer latency of the active variant (${active.label}) next to the fp32 base: its kernels, ` +
+        "timed on sampled calls and split over the layers each was generated from (the tooltip names " +
+        "the kernels and what they fuse); “(between kernels)” is the compiled wrapper's own time."
+      : `Mean per-layer latency of the active variant (${active.label}) next to the fp32 base.`;
   } else if (active.recipe && active.recipe.backend && active.recipe.backend.kind !== "eager") {
     note =
-      `The active variant (${active.label}) is compiled by ${active.recipe.backend.kind}: its layers are fused ` +
-      "into kernels that per-layer hooks cannot see (and hooks would force a recompile), so it has no " +
-      "per-layer numbers. It is measured end to end: see Live latency. The bars show the fp32 base, " +
-      "whose hot layers guided the search.";
+      `The active variant (${active.label}) is compiled by ${active.recipe.backend.kind} and has no per-layer ` +
+      "numbers yet: its kernels are timed on sampled calls only (AOTInductor packages), and none was sampled " +
+      "so far. It is measured end to end: see Live latency. The bars show the fp32 base, whose hot layers " +
+      "guided the search.";
   } else {
     note = `No per-layer samples of the active variant (${active.label}) yet; the bars show the fp32 base.`;
   }
@@ -484,10 +504,10 @@ function renderLayers(m, baseProfile, activeProfile) {
             .filter((i) => i.data && i.data.row)
             .map((i) => {
               const r = i.data.row;
-              return `${esc(i.seriesName)}: mean ${esc(fmtMs(r.mean_ms))} ms · p95 ${esc(fmtMs(r.p95_ms))} ms · ${esc(fmtPct(r.share))} of layer time`;
+              return `${esc(i.seriesName)}: mean ${esc(fmtMs(r.mean_ms))} ms · p95 ${esc(fmtMs(r.p95_ms))} ms · ${esc(fmtPct(r.share))} of layer time · ${esc(r.op_type)}`;
             });
           const r0 = items[0] && items[0].data && items[0].data.row;
-          const head = `<b>${esc(items[0] ? items[0].name : "")}</b> ${r0 ? esc(r0.op_type) : ""}`;
+          const head = `<b>${esc(items[0] ? items[0].name : "")}</b>`;
           const sug = r0 && r0.suggestion ? `<br><i>${esc(r0.suggestion)}</i>` : "";
           return `<div class="tip">${head}<br>${lines.join("<br>")}${sug}</div>`;
         },

@@ -4,6 +4,7 @@ re-exports, and type checkers would see the module.)"""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from pgc_daemon.agent.served import ServedModel
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir
 from pgc_daemon.settings import Settings
-from profiler import ProfilerConfig
+from profiler import ProfilerConfig, kernel_trace_cost
 
 
 def attach(
@@ -78,5 +79,10 @@ def attach(
         settings=settings, policy=policy, metric=metric, store=opened,
     )
     config = profiler or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s)
+    if threading.current_thread() is threading.main_thread():
+        # kineto prints an error when its first trace in the process runs on another thread
+        # than the one that imported torch (usually this one); compiled variants' sampled
+        # calls are traced on serving threads, so the first trace is taken here
+        kernel_trace_cost()
     options = {"max_batch": max_batch, "max_delay_ms": max_delay_ms} if executor else None
     return ServedModel(registry, config, options).start()

@@ -48,6 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --sensitivity: save it for the served models this spec builds (same "
         "fingerprint), where the search reuses it",
     )
+    p.add_argument(
+        "--recipe",
+        metavar="JSON",
+        help="profile this variant instead of the fp32 model (a recipe as the API and `pgc "
+        "deploy` show it); a compiled (AOTInductor) variant is profiled through its kernels, "
+        "split over the layers each was generated from",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
 
@@ -59,6 +66,37 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--store goes with --sensitivity")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be positive")
+    if args.recipe is not None and args.sensitivity:
+        raise UsageError("--sensitivity measures the fp32 model's layers: not with --recipe")
+
+
+def _variant(args: argparse.Namespace, model: Any, examples: list[Any]) -> tuple[Any, Any, str]:
+    """The module to profile, its kernel map (compiled variants) and what it is."""
+    if args.recipe is None:
+        return model, None, "fp32"
+    from compiler import BuildError, Recipe, build  # noqa: PLC0415
+
+    try:
+        recipe = Recipe.from_json(args.recipe)
+    except Exception as exc:  # noqa: BLE001 - the user's text
+        raise UsageError(f"--recipe: not a recipe: {type(exc).__name__}: {exc}") from None
+    if recipe.backend.kind not in ("eager", "inductor"):
+        raise UsageError(f"--recipe: {recipe.label()} has no per-layer view (its backend runs "
+                         "outside torch; eager and AOTInductor variants have one)")
+    import os  # noqa: PLC0415
+
+    from compiler._kernel_map import ENV  # noqa: PLC0415
+
+    os.environ[ENV] = "1"  # offline: a package built with kernel events, to attribute them
+    print(f"pgc profile: building {recipe.label()}", file=sys.stderr, flush=True)
+    try:
+        built = build(model, recipe, calibration=examples[:8], example=examples[0])
+    except BuildError as exc:
+        raise UsageError(f"--recipe: {exc}") from None
+    if not built.hookable and built.kernel_layers is None:
+        raise UsageError(f"--recipe: {recipe.label()} was compiled without a kernel map (not as "
+                         "an AOTInductor package): no per-layer view")
+    return built.module, built.kernel_layers, recipe.label()
 
 
 def _to(value: Any, device: str) -> Any:
@@ -149,7 +187,8 @@ def render(report: dict[str, Any], top: int) -> None:
     call = report["call"]
     threads = report.get("threads_note") or f"{report['threads']} threads"
     console.print(
-        f"[bold]{report['spec']}[/bold] on {report['device']} ({report['hardware']}; {threads}), "
+        f"[bold]{report['spec']}[/bold] ({report.get('variant', 'fp32')}) on {report['device']} "
+        f"({report['hardware']}; {threads}), "
         f"{report['calls']} calls: p50 {call['p50_ms']:.2f} ms, p95 {call['p95_ms']:.2f} ms; "
         f"counters: {report['counters']}"
     )
@@ -241,19 +280,20 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     model = spec.model.to(args.device) if args.device != "cpu" else spec.model
     examples = [_to(ex, args.device) for ex in spec.examples[: args.inputs]]
+    module, kernels, variant = _variant(args, model, examples)
     show = _progress(True)
     try:
-        profile = profile_model(
-            model, examples, rounds=args.rounds, counters=not args.no_counters, progress=show
-        )
+        profile = profile_model(module, examples, rounds=args.rounds,
+                                counters=not args.no_counters, progress=show, kernels=kernels)
     except Exception as exc:  # noqa: BLE001 - the spec's model or inputs are the input here
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise UsageError(
             f"{args.spec}: the model failed on its example inputs: {type(exc).__name__}: {text}"
         ) from None
     report = profile.to_dict()
+    report["variant"] = variant
     try:
-        report["layout"] = layout_conversions(model, examples)
+        report["layout"] = layout_conversions(module, examples) if kernels is None else {}
     except Exception as exc:  # noqa: BLE001 - the layout pass is an extra, not the report
         report["layout"] = {"error": f"{type(exc).__name__}: {exc}"}
     hardware = probe()

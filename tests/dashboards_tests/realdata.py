@@ -8,6 +8,7 @@ Also runnable by hand to get a store to look at: ``python -m tests.dashboards_te
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import store as st
 from pgc_daemon import attach, states
 from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.settings import Settings
+from profiler import ProfilerConfig
 from tests.pgc_daemon_tests.helpers import Load, wait_for
 
 MODEL = "digits-mlp"
@@ -82,16 +84,34 @@ def produce(root: Path) -> RealData:
     """Run the loop in this process until the search's variant is active (or, if the search
     kept fp32, its fastest variant deployed through the API), roll it back and deploy it again
     through the API; return where the store is. One to three minutes on 2 cores."""
+    root.mkdir(parents=True, exist_ok=True)
+    # packages with kernel events (the worker inherits it), so the compiled variant that ends
+    # up serving has per-layer rows; restored when done
+    before = os.environ.get("PGC_KERNEL_PROFILE")
+    os.environ["PGC_KERNEL_PROFILE"] = "1"
+    try:
+        return _produce(root)
+    finally:
+        if before is None:
+            os.environ.pop("PGC_KERNEL_PROFILE", None)
+        else:
+            os.environ["PGC_KERNEL_PROFILE"] = before
+
+
+def _produce(root: Path) -> RealData:
     from fastapi.testclient import TestClient
 
     from pgc_daemon.api import create_app
     from pgc_daemon.examples import digits
 
-    root.mkdir(parents=True, exist_ok=True)
     settings = settings_for(root)
     store = st.open_store(settings.store_url)
     spec = digits.mlp()
-    served = attach(spec["model"], name=MODEL, spec=SPEC, settings=settings, policy=POLICY)
+    # a fixed sampling rate (the budget would all but stop sampling a model this small), so
+    # the compiled variant that ends up serving has per-layer rows from its kernels
+    fixed = ProfilerConfig(sample_every=settings.sample_every, budget=None, window_s=settings.window_s)
+    served = attach(spec["model"], name=MODEL, spec=SPEC, settings=settings, policy=POLICY,
+                    profiler=fixed)
     daemon = Daemon(settings, store)
     inputs = [a[0] for a in spec["example_inputs"]]
     try:

@@ -44,6 +44,8 @@ DRAWN = """
     budget: frontLines.filter((l) => l.xAxis !== undefined).map((l) => l.xAxis),
     layerBars: drawn(c["layers-chart"], layers[0].name),
     layerSeries: layers.length,
+    activeLayerBars: layers.length > 1 ? drawn(c["layers-chart"], layers[1].name) : 0,
+    layerNames: c["layers-chart"].getOption().yAxis[0].data,
     timelineSeries: tl.filter((s) => s.name !== "markers").map((s) => s.name),
     timelineMarkers: tl.find((s) => s.name === "markers").markLine.data.filter((d) => d.marker).length,
   };
@@ -113,11 +115,28 @@ def test_the_charts_draw_what_the_api_says(server: Served, page: Any, real_data:
     assert drawn["deployed"] == 1 and drawn["deployedIds"] == [real_data.deployed_variant_id]
     assert drawn["budget"] == [front["max_accuracy_drop"]]
 
-    # per-layer: the fp32 base's hottest layers; the active variant is compiled, and the UI says so
+    # per-layer: the fp32 base's hottest layers, and beside them the active variant's: for an
+    # AOTInductor package its kernels split over the layers they fuse, with the wrapper's row;
+    # a variant that runs outside torch (ONNX Runtime) has none, and the note says so
     profile = api(server, f"models/{m}/profile")
     assert drawn["layerBars"] == min(12, len(profile["layers"])) > 0
-    assert drawn["layerSeries"] == 1
-    assert "no per-layer numbers" in page.inner_text("#layers-note")
+    backend = api(server, f"models/{m}")["active"]["recipe"]["backend"]["kind"]
+    active = profile["active"]
+    if backend == "inductor":
+        assert active is not None and active["variant_id"] == real_data.deployed_variant_id
+        assert drawn["layerSeries"] == 2 and drawn["activeLayerBars"] > 0
+        per_layer: dict[str, float] = {}
+        for r in active["layers"]:  # one row per (layer, kernel): added up per layer, as drawn
+            per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["mean_ms"]
+        assert max(per_layer, key=per_layer.get) in drawn["layerNames"]
+        assert "(between kernels)" in per_layer
+        assert "split over the layers" in page.inner_text("#layers-note")
+    elif backend == "eager":  # hooks see an eager variant's layers
+        assert active is not None and drawn["layerSeries"] == 2 and drawn["activeLayerBars"] > 0
+        assert all(r["layer"] != "(between kernels)" for r in active["layers"])
+    else:
+        assert active is None and drawn["layerSeries"] == 1
+        assert "no per-layer numbers" in page.inner_text("#layers-note")
 
     # the timeline: one series per variant that served, a marker per deployment event
     timeline = api(server, f"models/{m}/timeline")

@@ -104,8 +104,9 @@ def test_the_users_own_errors_are_not_hidden(mlp_spec: dict, settings: Settings)
 
 
 def test_a_swap_under_concurrent_load_serves_every_request_correctly(
-    mlp_spec: dict, settings: Settings, store: st.Store
+    mlp_spec: dict, settings: Settings, store: st.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PGC_KERNEL_PROFILE", "1")  # compiled variants attributable per layer
     # torchao's eager int8 is slower than fp32 on a model this small; the canary would
     # (rightly) roll it back. This test is about correctness across swaps, so allow it.
     # a fixed sampling rate: on a model this small the budget would sample almost nothing

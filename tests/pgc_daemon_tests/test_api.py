@@ -299,3 +299,46 @@ def test_replicas_are_listed_with_what_they_serve(populated: st.Store) -> None:
     counts = c.get("/api/models/mini").json()["replicas"]
     assert counts == {"live": 2, "on_active": 1, "compiles": 1}
     assert c.get("/api/models/nope/replicas").status_code == 404
+
+
+def test_the_serving_variants_kernel_rows_show_beside_fp32_and_rank_a_re_search(populated: st.Store) -> None:
+    """A compiled variant's sampled calls, split over the layers its kernels fuse, come back
+    in the profile's ``active`` part (fp32 stays in ``layers``), and once sampled enough they
+    are what a re-search ranks hot layers by."""
+    from pgc_daemon.optimizer.search.hotprofile import MIN_SAMPLED_CALLS, search_profile
+
+    c = client(populated)
+    assert c.get("/api/models/mini/profile").json()["active"] is None  # no rows of it yet
+
+    def add(count: int) -> None:
+        now = time.time()
+        rows = [("l1", "k_fused (fused with l0)", 2.0), ("l0", "k_fused (fused with l1)", 2.0),
+                ("l1", "k_norm", 1.5), ("(between kernels)", "wrapper", 0.5)]
+        with populated.session() as s:
+            m = st.repo.get_model(s, "mini")
+            fast = st.repo.active_deployment(s, m.id).variant_id
+            st.repo.add_window_stats(s, layers=[st.LayerStatRow(
+                model_id=m.id, variant_id=fast, window_start=now, window_end=now + 5, layer=layer,
+                op_type=op, shape_bucket="b1 s128", count=count, mean_ms=ms, p50_ms=ms, p95_ms=ms,
+                p99_ms=ms, share=0) for layer, op, ms in rows])
+
+    add(MIN_SAMPLED_CALLS - 1)
+    body = c.get("/api/models/mini/profile").json()
+    assert [r["layer"] for r in body["layers"]] == ["l0", "l1"]  # fp32's, hottest first
+    active = body["active"]
+    assert active["label"] == INT8.label()
+    assert {(r["layer"], r["op_type"]) for r in active["layers"]} == {
+        ("l1", "k_fused (fused with l0)"), ("l0", "k_fused (fused with l1)"), ("l1", "k_norm"),
+        ("(between kernels)", "wrapper")}
+    assert active["layer_sum_ms"] == pytest.approx(6.0) and active["live_ms"] == pytest.approx(8.0)
+    with populated.session() as s:
+        m = st.repo.get_model(s, "mini")
+        base = next(v.id for v in st.repo.list_variants(s, m.id) if v.recipe_hash == Recipe().hash)
+        rows, whose = search_profile(s, m.id, base, 0.0)
+        assert whose == "fp32" and rows[0]["layer"] == "l0"  # too few samples of the variant
+    add(MIN_SAMPLED_CALLS)
+    with populated.session() as s:
+        rows, whose = search_profile(s, m.id, base, 0.0)
+    assert whose.startswith("the serving variant") and INT8.label() in whose
+    assert [r["layer"] for r in rows][:2] == ["l1", "l0"]  # l1 now carries the most time
+    assert rows[0]["mean_ms"] == pytest.approx(3.5)

@@ -89,6 +89,9 @@ def broken_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         (["profile", "pgc_daemon.examples.digits:cnn", "--rounds", "0"], "must be positive"),
         (["profile", "pgc_daemon.examples.digits:cnn", "--threads", "0"], "must be positive"),
         (["profile", "BROKEN"], "failed on its example inputs"),
+        (["profile", "pgc_daemon.examples.digits:cnn", "--recipe", "{not json"], "not a recipe"),
+        (["profile", "pgc_daemon.examples.digits:cnn", "--recipe", '{"backend": {"kind": "onnxruntime"}}'],
+         "no per-layer view"),
     ],
 )
 def test_profile_bad_input_is_one_line_and_exit_2(
@@ -187,3 +190,22 @@ def test_profile_sensitivity_is_shown_and_saved_for_the_served_model(
         rows = st.repo.load_sensitivity(s, st.repo.get_model(s, "mlp").id, digest)
     assert {(r.layer, r.choice) for r in rows} == {(r["layer"], r["choice"]) for r in sens["rows"]}
     assert run(["profile", "pgc_daemon.examples.digits:mlp", "--store", url]) == 2  # --store needs --sensitivity
+
+
+def test_profile_of_a_compiled_recipe_splits_its_kernels_over_the_layers(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--recipe``: the digits MLP compiled (an AOTInductor package), profiled through its
+    kernels: every linear has a row, the ReLUs fused into them say so, the rows add up to
+    the calls."""
+    recipe = '{"backend": {"kind": "inductor"}}'
+    code = run(["profile", "pgc_daemon.examples.digits:mlp", "--recipe", recipe, "--rounds", "3",
+                "--inputs", "4", "--threads", "1", "--no-counters", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = _last_json(out)
+    assert report["variant"] == "fp32 · inductor"
+    rows = {r["layer"]: r for r in report["layers"]}
+    assert {"net.1", "net.3", "net.5", "(between kernels)"} <= set(rows)
+    assert "fused with" in rows["net.2"]["op_type"]  # a ReLU inside its linear's kernel
+    assert sum(r["latency_ratio"] for r in report["layers"]) == pytest.approx(1.0, abs=1e-6)
+    assert report["calls"] == 12

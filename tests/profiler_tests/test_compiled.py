@@ -5,6 +5,7 @@ the map survives the artifact round trip, so a process that only loads the packa
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from compiler import Backend, CompileCache, Recipe, build, load_artifact
+from compiler._kernel_map import ENV
 from profiler import Profiler, ProfilerConfig
 from profiler._compiled import BETWEEN
 
@@ -33,7 +35,21 @@ class Net(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def variant(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, Path]:
+def variant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[nn.Module, object, Path]]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV, "1")  # packages with kernel events (off by default)
+        yield _build(tmp_path_factory)
+
+
+def test_without_the_switch_a_package_has_no_kernel_map(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    v = build(Net().eval(), Recipe(backend=Backend("inductor")),
+              example=((torch.randn(8, 512),), {}), cache=CompileCache(tmp_path))
+    assert v.report.compiled and v.kernel_layers is None and not v.hookable
+
+
+def _build(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, Path]:
     torch.manual_seed(0)
     model = Net().eval()
     folder = tmp_path_factory.mktemp("cache")
@@ -88,3 +104,18 @@ def test_sampled_calls_of_a_compiled_variant_give_rows_per_layer_that_add_up(var
     # the two linears carry most of the time, the wrapper little
     linears = sum(r.mean_ms for (layer, _), r in rows.items() if layer in ("fc1", "act", "fc2"))
     assert linears > 0.5 * total
+
+
+def test_op_types_of_long_generated_kernels_fit_the_stores_column() -> None:
+    from profiler._compiled import OP_TYPE_MAX, _op_type
+    from store._schema import LayerStat
+
+    assert OP_TYPE_MAX == LayerStat.__table__.c.op_type.type.length  # PostgreSQL enforces it
+    long = ("cpp_fused__to_copy_add_amax_amin_clamp_div_maximum_minimum_mul_neg_reciprocal_relu_"
+            "sub_zeros_like_1")
+    layers = ["encoder.layer.0.attention.self.query", "encoder.layer.0.attention.self.key", "net.3"]
+    for kernel, others in ((long, layers), (long, []), ("k", layers), ("k", ["a"])):
+        op = _op_type(kernel, others)
+        assert len(op) <= OP_TYPE_MAX
+        assert (not others) or others[0] in op
+    assert _op_type("k", ["a"]) == "k (fused with a)"

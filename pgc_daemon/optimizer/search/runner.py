@@ -38,6 +38,7 @@ from pgc_daemon.modelspec import SpecOrigin, load_spec
 from pgc_daemon.policy import Policy, PolicySnapshot, load_policy
 from pgc_daemon.reservoir import InputReservoir
 from pgc_daemon.optimizer.schedule import PROFILE_WINDOW_S
+from pgc_daemon.optimizer.search.hotprofile import search_profile
 from pgc_daemon.optimizer.search.prepare import (
     first_trials,
     make_search,
@@ -124,9 +125,10 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         baseline = next(
             (v for v in st.repo.list_variants(s, model.id) if v.recipe_hash == Recipe().hash), None
         )
-        profile = st.repo.layer_profile(
-            s, model.id, variant_id=baseline.id if baseline else None, since=since
-        )
+        profile, ranked_by = search_profile(s, model.id, baseline.id if baseline else None, since)
+        if ranked_by != "fp32":
+            st.repo.add_event(s, model.id, "search", f"hot layers ranked by the live profile of "
+                              f"{ranked_by}: where the deployed variant spends its time")
         histogram = st.repo.shape_histogram(s, model.id, since=since)
         live = (
             st.repo.request_summary(
