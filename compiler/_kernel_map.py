@@ -44,14 +44,17 @@ def profile_options() -> dict[str, Any]:
 ROOT = "(root)"
 def node_layers(program: Any) -> dict[str, str | None]:
     """Each computing FX node of an exported program, in graph order -> the innermost module
-    it was traced in; None for nodes no module call made (the quantize and dequantize ops
-    pt2e inserts), which then count for no layer."""
+    it was traced in; None for nodes no module call made and for the quantize and dequantize
+    ops pt2e inserts (their stack is the root's), which then count for no layer."""
     out: dict[str, str | None] = {}
     for node in program.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         stack = node.meta.get("nn_module_stack")
-        out[node.name] = (list(stack.values())[-1][0] or ROOT) if stack else None
+        if not stack or "quantized_decomposed" in str(node.target):
+            out[node.name] = None  # pt2e's quantize/dequantize: in the root's stack, no layer's
+        else:
+            out[node.name] = list(stack.values())[-1][0] or ROOT
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from compiler import Backend, CompileCache, Recipe, build, load_artifact
+from compiler import Backend, CompileCache, Quantization, Recipe, build, load_artifact
 from compiler._kernel_map import ENV
 from profiler import Profiler, ProfilerConfig
 from profiler._compiled import BETWEEN
@@ -47,6 +47,23 @@ def test_without_the_switch_a_package_has_no_kernel_map(tmp_path: Path,
     v = build(Net().eval(), Recipe(backend=Backend("inductor")),
               example=((torch.randn(8, 512),), {}), cache=CompileCache(tmp_path))
     assert v.report.compiled and v.kernel_layers is None and not v.hookable
+
+
+def test_the_quantize_ops_pt2e_inserts_count_for_no_layer(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 static (pt2e) puts quantize/dequantize ops in the root's module stack; they must
+    not make the root a layer of every int8 linear."""
+    from pgc_daemon.examples import digits
+
+    monkeypatch.setenv(ENV, "1")
+    spec = digits.mlp()  # flatten, then three linears with ReLUs between them
+    recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}),
+                    backend=Backend("inductor"))
+    examples = [(tuple(ex), {}) for ex in spec["example_inputs"][:4]]
+    v = build(spec["model"], recipe, calibration=examples, cache=CompileCache(tmp_path))
+    calls = [layers for kernel_calls in v.kernel_layers.values() for layers in kernel_calls]
+    linears = [layers for layers in calls if {"net.1", "net.3", "net.5"} & set(layers)]
+    assert len(linears) >= 3 and all("(root)" not in layers for layers in linears), calls
 
 
 def _build(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, Path]:
