@@ -38,9 +38,14 @@ PROFILE_OPTIONS: dict[str, Any] = {
 ENV = "PGC_KERNEL_PROFILE"
 
 
+def kernel_profiling() -> bool:
+    """Whether packages are built with kernel events (:data:`ENV` is 1)."""
+    return os.environ.get(ENV, "0") == "1"
+
+
 def profile_options() -> dict[str, Any]:
     """The Inductor options that make a package's kernels attributable, when switched on."""
-    return dict(PROFILE_OPTIONS) if os.environ.get(ENV, "0") == "1" else {}
+    return dict(PROFILE_OPTIONS) if kernel_profiling() else {}
 ROOT = "(root)"
 def node_layers(program: Any) -> dict[str, str | None]:
     """Each computing FX node of an exported program, in graph order -> the innermost module

@@ -7,7 +7,7 @@ unsampled call runs none of the profiler's Python (see :mod:`profiler._calls`)::
     calls = profiler.calls                                # bound once
     mark = calls.mark()                                   # None, KEY or SAMPLE (true)
     token = profiler.sample(module) if mark else None
-    ... the call, timed: elapsed ns, and t1 the clock after it ...
+    ... the call, timed: elapsed ns ...
     if mark is None:                                      # unkeyed, not sampled
         calls.record((variant, None, elapsed, False, fallback, 0))
     else:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import store as st
+from compiler._kernel_map import kernel_profiling
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.served import ServedModel
 from pgc_daemon.policy import Policy
@@ -79,10 +80,11 @@ def attach(
         settings=settings, policy=policy, metric=metric, store=opened,
     )
     config = profiler or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s)
-    if threading.current_thread() is threading.main_thread():
+    if kernel_profiling() and threading.current_thread() is threading.main_thread():
         # kineto prints an error when its first trace in the process runs on another thread
         # than the one that imported torch (usually this one); compiled variants' sampled
-        # calls are traced on serving threads, so the first trace is taken here
+        # calls are traced on serving threads, so the first trace is taken here (only when
+        # packages carry kernel events: nothing to trace otherwise)
         kernel_trace_cost()
     options = {"max_batch": max_batch, "max_delay_ms": max_delay_ms} if executor else None
     return ServedModel(registry, config, options).start()
