@@ -94,29 +94,35 @@ def test_sampled_calls_of_a_compiled_variant_give_rows_per_layer_that_add_up(var
     with torch.inference_mode():
         for _ in range(3):
             module(x)
+    # Plain calls (the live latency) interleave with sampled ones so both see the same load on
+    # this shared machine; a round that a burst of noise spoils is measured again, while a
+    # systematic error (the profiler's cost not taken out, a kernel counted twice) fails all.
+    for _attempt in range(3):
         plain = []
-        for _ in range(20):  # unsampled calls: the live latency
-            start = time.perf_counter_ns()
-            module(x)
-            plain.append(time.perf_counter_ns() - start)
-        for _ in range(12):
-            token = prof.begin(module)
-            assert token is not None
-            start = time.perf_counter_ns()
-            module(x)
-            prof.end(token, 2, (x,), {}, time.perf_counter_ns() - start)
-    win = prof.close_window()
-    rows = {(r.layer, r.op_type): r for r in win.layers}
+        with torch.inference_mode():
+            for _ in range(24):
+                start = time.perf_counter_ns()
+                module(x)
+                plain.append(time.perf_counter_ns() - start)
+                token = prof.begin(module)
+                assert token is not None
+                start = time.perf_counter_ns()
+                module(x)
+                prof.end(token, 2, (x,), {}, time.perf_counter_ns() - start)
+        win = prof.close_window()
+        rows = {(r.layer, r.op_type): r for r in win.layers}
+        total = sum(r.mean_ms for r in rows.values())
+        live = sorted(plain)[len(plain) // 2] / 1e6
+        if total == pytest.approx(live, rel=0.25):
+            break
     layers = {layer for layer, _ in rows}
     assert layers == {"fc1", "fc2", "act", "norm", "(root)", BETWEEN}
     assert {op for layer, op in rows if layer == "act"} == {
         "aoti_torch_cpu__linear_pointwise (fused with fc1)"}
-    assert all(r.count == 12 and r.mean_ms >= 0 for r in rows.values())
+    assert all(r.count == 24 and r.mean_ms >= 0 for r in rows.values())
     # fused layers share their kernel's time evenly
     assert rows[("fc1", "aoti_torch_cpu__linear_pointwise (fused with act)")].mean_ms == \
         pytest.approx(rows[("act", "aoti_torch_cpu__linear_pointwise (fused with fc1)")].mean_ms)
-    total = sum(r.mean_ms for r in rows.values())
-    live = sorted(plain)[len(plain) // 2] / 1e6
     assert total == pytest.approx(live, rel=0.25)  # the sampled call, net of the profiler
     # the two linears carry most of the time, the wrapper little
     linears = sum(r.mean_ms for (layer, _), r in rows.items() if layer in ("fc1", "act", "fc2"))
