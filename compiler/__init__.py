@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from compiler.fingerprint import fingerprint
     from compiler._openvino import search_backends as openvino_backends
     from compiler.hardware import Hardware, probe
-    from compiler.parts import Fusion, Kernels, Layout, Partition, ShapeBuckets
+    from compiler._quiet import recompile_limit_hits
+    from compiler.parts import DynamicShapes, Fusion, Kernels, Layout, Partition, ShapeBuckets
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
     from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
 
@@ -51,8 +52,10 @@ _LAZY: dict[str, str] = {
     "fidelity": "compiler.fidelity",
     "fingerprint": "compiler.fingerprint",
     "openvino_backends": "compiler._openvino",
+    "recompile_limit_hits": "compiler._quiet",
     "Hardware": "compiler.hardware",
     "probe": "compiler.hardware",
+    "DynamicShapes": "compiler.parts",
     "Fusion": "compiler.parts",
     "Kernels": "compiler.parts",
     "Layout": "compiler.parts",

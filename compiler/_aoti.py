@@ -50,6 +50,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
 from compiler._aoti_native import NativePackage, extract_folder, plain_package
+from compiler._dynamic import DynamicMatch, export_shapes, length, mask_signature, probes, range_of
 from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
@@ -180,18 +181,24 @@ class AotiModule(nn.Module):
     splits a sampled call's kernel times over them."""
 
     def __init__(self, runners: dict[Signature, PackageRunner], fallback: nn.Module,
-                 kernel_layers: KernelMap | None = None) -> None:
+                 kernel_layers: KernelMap | None = None,
+                 dynamic: Sequence[tuple[DynamicMatch, PackageRunner]] = ()) -> None:
         super().__init__()
         self.runners = runners
+        self.dynamic = tuple(dynamic)
         self.kernel_layers = kernel_layers
         self.__dict__["fallback"] = fallback
         self.shape_misses = 0
         self._misses_lock = threading.Lock()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        runner = self.runners.get(signature(args, kwargs))
+        sig = signature(args, kwargs)
+        runner = self.runners.get(sig)
         if runner is not None:
             return runner(args, kwargs)
+        for match, dynamic in self.dynamic:
+            if match.accepts(sig, args, kwargs):
+                return dynamic(args, kwargs)
         with self._misses_lock:
             self.shape_misses += 1
         return self.__dict__["fallback"](*args, **kwargs)
@@ -207,22 +214,29 @@ def aoti_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def compile_package(
-    module: nn.Module, example: Example, path: Path, options: dict[str, Any]
-) -> KernelMap | None:
-    """Export ``module`` with the example's static shapes and compile it into ``path``;
-    returns which layers each of its kernels computes (:mod:`compiler._kernel_map`)."""
+    module: nn.Module, example: Example, path: Path, options: dict[str, Any],
+    dynamic_dim: int | None = None,
+) -> tuple[KernelMap | None, tuple[int, int | None] | None]:
+    """Export ``module`` with the example's shapes (static, or ``dynamic_dim`` symbolic) and
+    compile it into ``path``; returns which layers each of its kernels computes
+    (:mod:`compiler._kernel_map`) and, for a dynamic package, the lengths it accepts."""
     from torch._inductor import aoti_compile_and_package
 
     args, kwargs = example
+    accepts = None
     with torch.no_grad(), quiet(), contextlib.redirect_stderr(io.StringIO()):
-        program = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        shapes = None if dynamic_dim is None else export_shapes(module, example, dynamic_dim)
+        program = torch.export.export(module, tuple(args), dict(kwargs), strict=False,
+                                      dynamic_shapes=shapes)
+        if dynamic_dim is not None:
+            accepts = range_of(program, example, dynamic_dim)
         aoti_compile_and_package(program, package_path=str(path),
                                  inductor_configs={**options, **profile_options()})
     _drop_build_outputs(path)
     try:
-        return kernel_map(program, path)
+        return kernel_map(program, path), accepts
     except Exception:  # noqa: BLE001 - no attribution, the package serves all the same
-        return None
+        return None, accepts
 
 
 def _drop_build_outputs(package: Path) -> None:
@@ -299,6 +313,8 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
     removes it). Raises when any step fails; the caller then compiles with ``torch.compile``."""
     example = ctx.first_input()
     assert example is not None
+    if ctx.state.get("dynamic_dim") is not None:
+        return _to_dynamic_aoti(model, options, ctx, example, ctx.state["dynamic_dim"])
     folder = Path(tempfile.mkdtemp(prefix="pgc-aoti-"))
     try:
         runners: dict[Signature, PackageRunner] = {}
@@ -310,7 +326,7 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
             if sig in runners:
                 continue
             name = f"model{i}.pt2"
-            maps.append(compile_package(model, ex, folder / name, aoti_options(options)))
+            maps.append(compile_package(model, ex, folder / name, aoti_options(options))[0])
             runner = PackageRunner(folder / name)
             with torch.no_grad():
                 err = relative_error(model(*ex[0], **ex[1]), runner(*ex))
@@ -334,15 +350,68 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
     return AotiModule(runners, ctx.state.get("original", model), kernels)
 
 
+def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext,
+                     example: Example, dim: int) -> AotiModule:
+    """One package with ``dim`` symbolic, checked at several lengths against the fp32 model
+    (:mod:`compiler._dynamic`); raises when export fixes the axis or a length is off."""
+    folder = Path(tempfile.mkdtemp(prefix="pgc-aoti-"))
+    try:
+        kernels, accepts = compile_package(model, example, folder / "model0.pt2",
+                                           aoti_options(options), dynamic_dim=dim)
+        assert accepts is not None
+        low, high = accepts
+        runner = PackageRunner(folder / "model0.pt2")
+        original = ctx.state.get("original", model)
+        checked = probes(ctx, dim, low, high)
+        with torch.no_grad():
+            for ex in checked:
+                want = original(*ex[0], **ex[1])
+                theirs = relative_error(want, model(*ex[0], **ex[1]))
+                err = relative_error(want, runner(*ex))
+                if err > 1.25 * theirs + 0.01:
+                    raise ValueError(
+                        f"the dynamic package is off at length {_length_of(ex, dim)}: relative "
+                        f"error {err:.3g} against fp32, the graph it came from {theirs:.3g}")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    n = _length_of(example, dim)
+    match = DynamicMatch(dim, low, high, mask_signature(signature(*example), dim, n))
+    ctx.state["artifact"] = {
+        "kind": "aoti", "folder": folder, "files": ["model0.pt2"], "kernels": kernels,
+        "inputs": [signature_to_json(match.masked) | {"dynamic": match.to_json()}],
+    }
+    span = f"{low}-{high if high is not None else 'any'}"
+    ctx.report.kernel_paths["<compiled>"] = summarize_package(folder / "model0.pt2")
+    ctx.report.notes.append(
+        f"dynamic dim {dim}: one package for lengths {span}, checked against fp32 at lengths "
+        + ", ".join(str(_length_of(ex, dim)) for ex in checked))
+    return AotiModule({}, ctx.state.get("original", model), kernels, [(match, runner)])
+
+
+def _length_of(example: Example, dim: int) -> int:
+    n = length(*example, dim)
+    assert n is not None
+    return n
+
+
 def load_aoti(
     folder: Path, files: Sequence[str], inputs: Sequence[dict[str, Any]], fallback: nn.Module,
     kernels: KernelMap | None = None,
 ) -> AotiModule:
     """Load stored packages (nothing is compiled) and serve them as :func:`to_aoti` did."""
-    runners = {
-        signature_from_json(sig): PackageRunner(folder / name) for name, sig in zip(files, inputs)
-    }
-    return AotiModule(runners, fallback, kernels)
+    runners: dict[Signature, PackageRunner] = {}
+    dynamic: list[tuple[DynamicMatch, PackageRunner]] = []
+    for name, sig in zip(files, inputs):
+        if "dynamic" in sig:
+            d = sig["dynamic"]
+            match = DynamicMatch(int(d["dim"]), int(d["min"]),
+                                 None if d["max"] is None else int(d["max"]),
+                                 signature_from_json(sig))
+            dynamic.append((match, PackageRunner(folder / name)))
+        else:
+            runners[signature_from_json(sig)] = PackageRunner(folder / name)
+    return AotiModule(runners, fallback, kernels, dynamic)
 
 
 # --------------------------------------------------------------------------- reading

@@ -7,8 +7,9 @@ graph needs it set in ``torch._inductor.config`` itself (the per-compile option 
 that path and the compile fails on ``onednn.qlinear_prepack``), so such a variant is wrapped
 in :class:`FreezingCompiled`, which sets the flag for the calling thread only while one of its
 calls runs (compiles, and recompiles for a new shape, happen inside calls) and restores it
-after: the serving process's settings are never left changed. Shapes are static (``dynamic=False``): serving sees
-few shapes, and shape buckets keep it that way.
+after: the serving process's settings are never left changed. Shapes are static
+(``dynamic=False``) unless the recipe makes an axis dynamic (``compiler._dynamic``): serving
+sees few shapes, and shape buckets keep it that way.
 
 When the build has an example input the variant is compiled during ``build`` and the code
 Inductor generated is read back, so the report says which kernels really run (oneDNN int8
@@ -36,6 +37,7 @@ from unittest import mock
 import torch
 from torch import nn
 
+from compiler._errors import BuildError
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, register_transform
 from compiler.parts import Partition
@@ -152,9 +154,9 @@ def summarize_kernels(codes: list[str]) -> str:
     return ", ".join(parts) or "no kernels found in the generated code"
 
 
-def inductor(module: nn.Module, options: dict[str, Any]) -> nn.Module:
-    """``torch.compile`` with Inductor, static shapes."""
-    return cast(nn.Module, torch.compile(module, dynamic=False, options=options))
+def inductor(module: nn.Module, options: dict[str, Any], dynamic: bool = False) -> nn.Module:
+    """``torch.compile`` with Inductor, static shapes unless ``dynamic``."""
+    return cast(nn.Module, torch.compile(module, dynamic=dynamic, options=options))
 
 
 def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -180,11 +182,12 @@ def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
 
 def _compile_memory(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Module:
     blocks = _blocks(model)
+    dynamic = ctx.state.get("dynamic_dim") is not None
     if not blocks:
         ctx.report.notes.append("memory partition: no repeated blocks; compiled whole, unfrozen")
-        return inductor(model, compile_options(part, freezing=False))
+        return inductor(model, compile_options(part, freezing=False), dynamic)
     for parent, name, block in blocks:
-        compiled = inductor(block, compile_options(part, freezing=False))
+        compiled = inductor(block, compile_options(part, freezing=False), dynamic)
         if isinstance(parent, nn.ModuleList | nn.Sequential) and name.isdigit():
             parent[int(name)] = compiled
         else:
@@ -211,9 +214,10 @@ def _try_aoti(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Module |
         )
         return None
     shapes = len(packaged.runners)
+    how = "dynamic shapes" if packaged.dynamic else (
+        f"static shapes: {shapes} input signature{'s' if shapes > 1 else ''}")
     ctx.report.notes.append(
-        f"AOTInductor package ({part.mode}, freezing, static shapes: {shapes} input "
-        f"signature{'s' if shapes > 1 else ''}; other shapes run the original model)"
+        f"AOTInductor package ({part.mode}, freezing, {how}; other shapes run the original model)"
     )
     return packaged
 
@@ -258,20 +262,27 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
                 "frozen, prepacked weights); compiled whole"
             )
         options = compile_options(part)
+        dynamic = ctx.state.get("dynamic_dim") is not None
         if pt2e:
             options.pop("freezing")  # set globally around each call instead (see module doc)
-            compiled = FreezingCompiled(inductor(model, options))
+            compiled = FreezingCompiled(inductor(model, options, dynamic))
         else:
-            compiled = inductor(model, options)
+            compiled = inductor(model, options, dynamic)
         ctx.report.notes.append(
             f"torch.compile inductor ({part.mode}, freezing{', global flag per call' if pt2e else ''}, "
-            "static shapes)"
+            f"{'dynamic' if dynamic else 'static'} shapes)"
         )
     example = ctx.first_input()
     if example is not None:
         args, kwargs = example
-        with torch.inference_mode(), capture_code() as codes, quiet():
-            compiled(*args, **kwargs)
+        try:
+            with torch.inference_mode(), capture_code() as codes, quiet("torch._guards"):
+                compiled(*args, **kwargs)
+        except torch.fx.experimental.symbolic_shapes.ConstraintViolationError as exc:
+            dim = ctx.state.get("dynamic_dim")
+            first = str(exc).strip().splitlines()[0][:200]
+            raise BuildError(f"dynamic dim {dim}: the model fixes the length of that axis, so "
+                             f"it cannot be compiled dynamic ({first})") from None
         ctx.report.kernel_paths["<compiled>"] = summarize_kernels(codes)
         ctx.state["compiled_on"] = example
     return compiled

@@ -7,6 +7,7 @@ tensors whose ``dim`` grew with the input are token-level and are cut back to th
 length on every call, the others (pooled embeddings, logits) are returned as they are. Their
 values equal the unpadded run's (up to float rounding) when the model honours its mask:
 padding holds ``pad_value`` in every padded input, which is 0 = "masked" in an attention mask.
+That the model honours it is checked on the example (:func:`token_level_outputs`), not assumed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from compiler._errors import BuildError
 from compiler._registry import BuildContext, Example, register_analysis, register_transform
 from compiler.parts import ShapeBuckets
 
@@ -88,8 +90,17 @@ class BucketHooks:
         return tree_unflatten(cut, spec)
 
 
+#: Largest relative L2 change padding may make to an output of the eager model (float
+#: rounding under a mask is ~1e-6; a model that reads its padding changes by percents).
+MAX_PADDING_CHANGE = 1e-3
+
+
 def token_level_outputs(model: nn.Module, part: ShapeBuckets, example: Example) -> frozenset[int] | None:
-    """Indices of output leaves whose ``dim`` follows the input length (None: unknown)."""
+    """Indices of output leaves whose ``dim`` follows the input length (None: unknown).
+
+    Raises :class:`BuildError` when padding the example changes what the model returns (its
+    outputs, token-level ones cut back): buckets are offered on the promise that a padded
+    call gives the unpadded call's outputs, so that promise is checked, not assumed."""
     args, kwargs = example
     length = _length(args, kwargs, part.dim)
     if length is None:
@@ -98,11 +109,24 @@ def token_level_outputs(model: nn.Module, part: ShapeBuckets, example: Example) 
         short = tree_flatten(model(*args, **kwargs))[0]
         pargs, pkwargs = pad_inputs(args, kwargs, part.dim, length, length + 1, part.pad_value)
         longer = tree_flatten(model(*pargs, **pkwargs))[0]
-    return frozenset(
+    token = frozenset(
         i
         for i, (a, b) in enumerate(zip(short, longer))
         if torch.is_tensor(a) and a.dim() > part.dim and b.shape[part.dim] == a.shape[part.dim] + 1
     )
+    for i, (a, b) in enumerate(zip(short, longer)):
+        if not (torch.is_tensor(a) and a.is_floating_point()):
+            continue
+        if i in token:
+            b = b.narrow(part.dim, 0, length)
+        change = float(torch.linalg.vector_norm((a - b).float())) / max(
+            float(torch.linalg.vector_norm(a.float())), 1e-12)
+        if not change <= MAX_PADDING_CHANGE:
+            raise BuildError(
+                f"shape buckets do not apply: padding dim {part.dim} with {part.pad_value} "
+                f"changes the model's output {i} by {change:.2g} (relative), so the model reads "
+                "its padding; dynamic shapes serve variable lengths without padding")
+    return token
 
 
 @register_analysis(ShapeBuckets)
@@ -113,6 +137,8 @@ def analyze_buckets(model: nn.Module, part: ShapeBuckets, ctx: BuildContext) -> 
     if example is not None:
         try:
             ctx.state["token_leaves"] = token_level_outputs(model, part, example)
+        except BuildError:
+            raise
         except Exception as exc:  # noqa: BLE001 - the hooks fall back to shapes
             ctx.report.notes.append(f"buckets: could not probe outputs ({type(exc).__name__})")
 

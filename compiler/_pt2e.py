@@ -48,13 +48,15 @@ _DEQUANT = "quantized_decomposed.dequantize_per"
 
 
 @contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """torchao and export warn and log about things pgc handles; keep the user's logs clean."""
+def quiet(*silenced: str) -> Iterator[None]:
+    """torchao and export warn and log about things pgc handles; keep the user's logs clean.
+    Loggers named in ``silenced`` log nothing at all inside (their errors are ones pgc raises
+    itself, with a shorter message)."""
     names = ("torchao", "torch._export", "torch.export", "torch.fx.experimental.symbolic_shapes")
-    loggers = [logging.getLogger(n) for n in names]
+    loggers = [logging.getLogger(n) for n in names + silenced]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL + 1 if lg.name in silenced else logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

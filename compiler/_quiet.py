@@ -25,3 +25,32 @@ for _logger in ("torch.utils._pytree", "torchao"):
 warnings.filterwarnings(
     "ignore", message="To copy construct from a tensor", module="torch._inductor.mkldnn_lowerings"
 )
+
+
+class _RecompileLimit(logging.Filter):
+    """Dynamo's warning that a compiled function hit its recompile limit (a static-shape
+    variant fed a new length for the ninth time; it runs eagerly from then on). It reaches no
+    terminal: pgc counts it (:func:`recompile_limit_hits`) and a search reports it as the
+    trial's result."""
+
+    hits = 0
+    last = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "hit config." not in str(record.msg):
+            return True
+        _RecompileLimit.hits += 1
+        try:
+            _RecompileLimit.last = record.getMessage().splitlines()[2].strip()
+        except (IndexError, TypeError):
+            _RecompileLimit.last = ""
+        return False
+
+
+logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimit())
+
+
+def recompile_limit_hits() -> tuple[int, str]:
+    """How many times a compiled function of this process hit Dynamo's recompile limit, and
+    the last one's reason (``last reason: ... size mismatch at index 1 ...``)."""
+    return _RecompileLimit.hits, _RecompileLimit.last

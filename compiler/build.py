@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiler import _backend, _buckets, _fusion, _kernels, _layout, _quant  # noqa: F401
+from compiler import _backend, _buckets, _dynamic, _fusion, _kernels, _layout, _quant  # noqa: F401
 from compiler._errors import ArtifactUnavailable, BuildError, CompilerError
 from compiler._registry import BuildContext, BuildReport, Example, analysis_for, transform_for
 from compiler.cache import CacheKey, CompileCache, cache_key, incompatible

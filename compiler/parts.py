@@ -1,5 +1,5 @@
 """Recipe parts beyond per-layer precision: the backend, fusion, layout, hand-written kernels,
-shape buckets and partition strategy.
+shape buckets, dynamic shapes and partition strategy.
 
 Each part is a frozen dataclass validated in ``__post_init__`` (``RecipeError``, a
 ``ValueError``) with ``to_dict``/``from_dict`` and one transform registered for its type. Every
@@ -311,6 +311,46 @@ class ShapeBuckets:
                 raise RecipeError("buckets.sizes must be a list of integers")
             kwargs["sizes"] = tuple(kwargs["sizes"])
         return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class DynamicShapes:
+    """Compile one axis of the inputs as dynamic, so that one compiled graph serves every
+    length along it (variable-length text served unpadded) instead of one graph per length.
+
+    ``dim``: the axis (1: the sequence of ``[batch, seq]`` token inputs; None: off). Every
+    tensor input whose ``dim`` has the same length as the first tensor input's gets it. A
+    package is exported with that axis symbolic (``torch.export.Dim``) and checked against the
+    model at several lengths; ``torch.compile`` compiles with ``dynamic=True``; ONNX Runtime
+    and OpenVINO graphs have every axis dynamic already. A model that fixes the axis (a
+    position table sized to one length, a reshape to a constant) gets no package (the report
+    says why) and is compiled by ``torch.compile`` for the lengths it takes.
+    """
+
+    dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dim is not None and (
+            not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 0
+        ):
+            raise RecipeError(f"dynamic.dim must be a non-negative integer, not {self.dim!r}")
+
+    @property
+    def is_identity(self) -> bool:
+        return self.dim is None
+
+    def label(self) -> str:
+        return "" if self.is_identity else f"dynamic dim {self.dim}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dim": self.dim}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DynamicShapes:
+        if not isinstance(data, Mapping):
+            raise RecipeError("dynamic must be an object like {\"dim\": 1}")
+        only_keys(data, {"dim"}, "dynamic")
+        return cls(**data)
 
 
 @dataclass(frozen=True)

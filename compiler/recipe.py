@@ -24,6 +24,7 @@ from compiler.parts import (
     BACKEND_MODES,
     Backend,
     BackendKind,
+    DynamicShapes,
     Fusion,
     Kernels,
     Layout,
@@ -259,11 +260,13 @@ class Recipe:
     kernels: Kernels = field(default_factory=Kernels)
     buckets: ShapeBuckets = field(default_factory=ShapeBuckets)
     partition: Partition = field(default_factory=Partition)
+    dynamic: DynamicShapes = field(default_factory=DynamicShapes)
 
     VERSION: ClassVar[int] = 1
     ALWAYS_WRITTEN: ClassVar[tuple[str, ...]] = ("quantization", "backend")
     APPLY_ORDER: ClassVar[tuple[str, ...]] = (
-        "fusion", "layout", "kernels", "quantization", "partition", "backend", "buckets",
+        "fusion", "layout", "kernels", "quantization", "partition", "dynamic", "backend",
+        "buckets",
     )
 
     def __post_init__(self) -> None:
@@ -272,6 +275,11 @@ class Recipe:
             expected = _PART_TYPES[f.name]
             if not isinstance(value, expected):
                 raise RecipeError(f"recipe part {f.name!r} must be {expected.__name__}")
+        if not self.buckets.is_identity and not self.dynamic.is_identity:
+            raise RecipeError(
+                "a recipe takes shape buckets or dynamic shapes, not both (two answers to "
+                "variable-length inputs)"
+            )
 
     def parts(self) -> list[Any]:
         """The parts in the order ``build`` applies them."""
@@ -342,7 +350,8 @@ class Recipe:
         back = self.backend.label()
         extras = [
             part.label()
-            for part in (self.fusion, self.layout, self.kernels, self.buckets, self.partition)
+            for part in (self.fusion, self.layout, self.kernels, self.buckets, self.dynamic,
+                         self.partition)
             if part.label()
         ]
         return " · ".join([head, back, *extras])
@@ -356,4 +365,5 @@ _PART_TYPES: dict[str, Any] = {
     "kernels": Kernels,
     "buckets": ShapeBuckets,
     "partition": Partition,
+    "dynamic": DynamicShapes,
 }

@@ -11,6 +11,7 @@ import pytest
 
 from compiler import (
     Backend,
+    DynamicShapes,
     Fusion,
     Kernels,
     LayerQuant,
@@ -48,6 +49,8 @@ PARTS: list[Any] = [
     ShapeBuckets((8, 16), dim=0, pad_value=1),
     Partition(),
     Partition("memory"),
+    DynamicShapes(),
+    DynamicShapes(1),
 ]
 
 
@@ -89,6 +92,11 @@ INVALID = [
     lambda: Recipe.from_json('{"version": 1, "layout": {"memory_format": "nchw"}}'),
     lambda: Recipe.from_json('{"version": 1, "buckets": {"sizes": [512, 64]}}'),
     lambda: Recipe.from_json('{"version": 1, "partition": "memory"}'),
+    lambda: DynamicShapes(dim=-1),
+    lambda: DynamicShapes(dim=True),  # type: ignore[arg-type]
+    lambda: Recipe.from_json('{"version": 1, "dynamic": {"dim": 1, "max": 512}}'),
+    lambda: Recipe.from_json('{"version": 1, "dynamic": 1}'),
+    lambda: Recipe(buckets=ShapeBuckets((64, 128)), dynamic=DynamicShapes(1)),
 ]
 
 
@@ -129,6 +137,7 @@ NEW = [
     Recipe(kernels=Kernels("triton"), quantization=Quantization.of({"_default": "int8-weight_only-pc"})),
     Recipe(buckets=ShapeBuckets((64, 128, 256, 512))),
     Recipe(partition=Partition("memory"), backend=Backend("inductor")),
+    Recipe(dynamic=DynamicShapes(1), backend=Backend("inductor")),
     Recipe(
         quantization=Quantization.of({"_default": "int8-static-pc", "encoder.layer.0.output.dense": "fp32"}),
         backend=Backend("inductor"), fusion=Fusion(True, True, True), layout=Layout("channels_last"),
@@ -144,7 +153,7 @@ def test_recipes_with_new_parts_round_trip_and_hash_apart(recipe: Recipe) -> Non
     assert recipe.hash != Recipe(quantization=recipe.quantization, backend=recipe.backend).hash
     assert not recipe.is_identity
     written = json.loads(recipe.to_json())
-    for name in ("fusion", "layout", "kernels", "buckets", "partition"):
+    for name in ("fusion", "layout", "kernels", "buckets", "partition", "dynamic"):
         assert (name in written) == (getattr(recipe, name) != getattr(Recipe(), name))
 
 
@@ -152,6 +161,7 @@ def test_labels_name_the_new_parts() -> None:
     r = Recipe(buckets=ShapeBuckets((64, 128)), layout=Layout("channels_last"), partition=Partition("memory"))
     assert r.label() == "fp32 · eager · channels_last · buckets 64/128 · memory"
     assert Recipe().label() == "fp32 · eager"
+    assert Recipe(dynamic=DynamicShapes(1)).label() == "fp32 · eager · dynamic dim 1"
 
 
 def test_bucket_for_picks_the_smallest_bucket_that_holds_the_length() -> None:

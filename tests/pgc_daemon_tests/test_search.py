@@ -176,3 +176,39 @@ def test_fp32_as_it_serves_comes_from_the_latest_thread_decision_for_it(store: A
     assert found == ServingThreads(2, {1: (1.24, 1.18, 1.31)})
     assert found.scale(1) == 1.24
     assert ServingThreads.from_event({"threads": 2, "vs_chosen": {"x": 1}}) is None
+
+
+class _Tokens(torch.nn.Module):
+    """A small text model that honours its mask: embedding, two linears, masked mean pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(300, 64)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                      torch.nn.Linear(256, 64))
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ff(self.emb(ids))
+        m = mask.unsqueeze(-1).to(h.dtype)
+        return (h * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+def test_a_trial_on_variable_lengths_reports_a_static_variant_that_measured_fp32() -> None:
+    """Unpadded text: a variant built for one length would serve every other length with the
+    fp32 model, and its timing would be fp32's; the trial says so instead of reporting ~1x.
+    The same model with the sequence axis dynamic is measured as itself."""
+    g = torch.Generator().manual_seed(1)
+    inputs = []
+    for length in (12, 7, 19, 25, 9, 31, 16, 22):
+        inputs.append(((torch.randint(1, 300, (1, length), generator=g),
+                        torch.ones(1, length, dtype=torch.long)), {}))
+    search = make_search(base=_Tokens().eval(), inputs=inputs, profile=[], name="lengths",
+                         storage=None, policy=Policy(max_trials=2), metric="cosine")
+    static = search.evaluate(0, {}, Recipe.from_dict({"backend": {"kind": "inductor"}}))
+    assert static.state == "failed"
+    assert "ran the original fp32 model" in static.message and "dynamic shapes" in static.message
+    dynamic = search.evaluate(1, {}, Recipe.from_dict(
+        {"backend": {"kind": "inductor"}, "dynamic": {"dim": 1}}))
+    assert dynamic.state == "complete", dynamic.message
+    assert dynamic.fidelity > 0.9999

@@ -231,7 +231,7 @@ def test_sensitivity_picks_the_hot_layers_and_prunes_their_choices(mlp_spec: dic
 def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_traffic(
     mlp_spec: dict, cnn_spec: dict
 ) -> None:
-    from compiler import Fusion, Layout, ShapeBuckets
+    from compiler import DynamicShapes, Fusion, Layout, ShapeBuckets
     from pgc_daemon.optimizer.search.space import build_space, live_buckets
 
     hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
@@ -249,8 +249,22 @@ def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_tra
     assert live_buckets({"b1 s128": 100}) == ()
     mlp = build_space(mlp_spec["model"], [], hw, shapes={"b1 s64": 5, "b1 s128": 5})
     assert not mlp.graph_choices and mlp.bucket_sizes == (64, 128)
-    bucketed = mlp.recipe(mlp.params("int8-dynamic-pc", "inductor"))
+    bucketed = mlp.recipe({**mlp.params("int8-dynamic-pc", "inductor"), "buckets": "live"})
     assert bucketed.buckets == ShapeBuckets((64, 128))
+    # or the sequence axis compiled dynamic (what baselines take): Inductor only, the other
+    # backends already are
+    assert mlp.distributions()["buckets"] == ("live", "dynamic", "none")
+    dyn = mlp.recipe(mlp.params("int8-dynamic-pc", "inductor"))
+    assert dyn.dynamic == DynamicShapes(1) and dyn.buckets.is_identity
+    assert mlp.params_for(dyn) == mlp.params("int8-dynamic-pc", "inductor")
+    assert mlp.params_for(bucketed)["buckets"] == "live"
+    eager = mlp.recipe({**mlp.params("fp32", "eager"), "buckets": "dynamic"})
+    assert eager.dynamic.is_identity and eager.is_identity
+    assert mlp.size == len(list(mlp.grid()))
+    # a study recorded before "dynamic" was offered keeps the choices it recorded
+    older = mlp.reconciled({"buckets": ("live", "none")})
+    assert older.distributions()["buckets"] == ("live", "none")
+    assert older.params_for(dyn) is None
 
 
 def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -> None:

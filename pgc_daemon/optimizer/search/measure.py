@@ -46,6 +46,8 @@ class Timing:
     candidate_ms: dict[str, float]
     clock: str = "wall"
     """What the milliseconds are: ``wall`` time or the calling ``thread``'s CPU time."""
+    calls: int = 0
+    """How many times the candidate was called (warm-up included)."""
 
     @property
     def speedup(self) -> float:
@@ -60,6 +62,7 @@ class Timing:
             "baseline_ms": self.baseline_ms,
             "candidate_ms": self.candidate_ms,
             "clock": self.clock,
+            "calls": self.calls,
         }
 
 
@@ -182,4 +185,5 @@ def interleaved(
     else:
         ratio = cand[percentile] / base[percentile]
         low, high = ratio * math.exp(-half), ratio * math.exp(half)
-    return Timing(ratio, low, high, len(log_ratios), base, cand, clock)
+    return Timing(ratio, low, high, len(log_ratios), base, cand, clock,
+                  warmup + len(samples["cand"]))

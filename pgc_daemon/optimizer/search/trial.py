@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from compiler import BuildError, CompileCache, Example, Recipe, build, warm
+from compiler import BuildError, CompileCache, Example, Recipe, build, recompile_limit_hits, warm
 from pgc_daemon.optimizer.search.evaluate import Evaluator, quick_verdict
 from pgc_daemon.optimizer.search.measure import interleaved
 from pgc_daemon.optimizer.search.results import TrialRecord, feasible
@@ -41,6 +41,8 @@ class TrialContext(Protocol):
 
 #: Backends whose thread pool is torch's (the timing thread count applies to both arms).
 TORCH_THREADED = ("inductor", "eager")
+#: A trial whose timed calls ran the original model more often than this is not measured.
+MAX_FALLBACK_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ def evaluate_trial(
     policy = self.policy
     variant = None
     phases = rec.phases
+    limit_hits = recompile_limit_hits()[0]
     try:
         t = time.monotonic()
         example = self.calibration[0] if self.calibration else None
@@ -174,6 +177,7 @@ def evaluate_trial(
         # trial's count, so the thresholds go into timing's units and the result comes out
         timed_at = arm_threads(self.timing_threads, recipe)
         scale = self.serving_threads.scale(timed_at) if self.serving_threads is not None else 1.0
+        misses = getattr(variant.module, "shape_misses", 0)
         t = time.monotonic()
         with timing_threads(self.timing_threads, recipe):
             timing = interleaved(
@@ -189,6 +193,11 @@ def evaluate_trial(
                 clock=timing_clock(self.timing_threads, recipe),
             )
         phases["timing"] = time.monotonic() - t
+        unfit = _shape_fallback(variant.module, misses, timing.calls, limit_hits)
+        if unfit:
+            rec.timing = timing.to_dict()
+            rec.message = unfit
+            return rec
         pct = policy.latency_percentile
         rec.ratio = timing.ratio * scale
         rec.speedup = 1 / rec.ratio
@@ -222,3 +231,21 @@ def evaluate_trial(
         gc.collect()
     return rec
 
+
+
+def _shape_fallback(module: Any, misses_before: int, calls: int, limit_hits: int) -> str | None:
+    """Why a trial's timing did not measure its variant (None: it did). A static-shape
+    variant fed inputs of other shapes runs them on something else: a package runs the fp32
+    model (``shape_misses``), ``torch.compile`` compiles each new length and, past Dynamo's
+    recompile limit, runs eagerly. Either way the ratio would be fp32's, not the recipe's."""
+    hits, reason = recompile_limit_hits()
+    if hits > limit_hits:
+        return ("torch.compile hit its recompile limit: inputs of other shapes ran eagerly, so "
+                f"the timing measured fp32, not this recipe ({reason or 'new shapes'}); "
+                "dynamic shapes or shape buckets serve variable-length inputs")
+    missed = getattr(module, "shape_misses", 0) - misses_before
+    if calls and missed / calls > MAX_FALLBACK_SHARE:
+        return (f"{missed} of {calls} timed calls had shapes the variant was not compiled for "
+                "and ran the original fp32 model, so the timing measured fp32, not this recipe; "
+                "dynamic shapes or shape buckets serve variable-length inputs")
+    return None
