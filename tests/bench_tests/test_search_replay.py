@@ -1,0 +1,141 @@
+"""The replay machinery of ``bench/search.py``: what each ablation gets, what each trial is
+charged, and how the target and the best are judged. The tables are built here from a rule
+(ratio and drop from each recipe's choices), so the right answer is known by construction."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from bench._search_replay import (
+    STRATEGIES,
+    Scenario,
+    Table,
+    curves,
+    reached,
+    replay,
+    summarize,
+)
+from pgc_daemon.optimizer.search.space import Space
+
+CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc")
+PHASES = {"build": 20.0, "warm": 1.0, "quick": 0.5, "full": 0.5, "timing": 6.0}
+#: (ratio, drop) each choice gives a layer; the backend scales the ratio.
+EFFECT = {"fp32": (1.0, 0.0), "int8-static-pc": (0.5, 0.004), "int8-dynamic-pc": (0.6, 0.002)}
+BACKEND = {"inductor": 0.8, "eager": 1.0}
+
+
+def _space(choices: tuple[str, ...] = CHOICES) -> Space:
+    return Space(hot_layers=("a", "b"), layer_choices=choices, default_choices=choices,
+                 backends=("inductor", "eager"))
+
+
+def _table(space: Space) -> Table:
+    """Ratio: the mean of the three parts' effects times the backend's; drop: the sum. The
+    quick check's interval is the drop ±0.001 (prunes only what is clearly over a budget)."""
+    entries: dict[str, dict[str, Any]] = {}
+    for params in space.grid():
+        parts = [params["default"], params["layer:a"], params["layer:b"]]
+        ratio = sum(EFFECT[p][0] for p in parts) / 3 * BACKEND[params["backend"]]
+        drop = sum(EFFECT[p][1] for p in parts)
+        recipe = space.recipe(params)
+        entries[recipe.hash] = {
+            "label": recipe.label(), "params": params, "state": "complete", "ratio": ratio,
+            "drop": drop, "fidelity": 1 - drop, "quick_steps": [(8, drop, drop - 0.001, drop + 0.001)],
+            "phases": dict(PHASES), "message": "",
+        }
+    return Table(entries, baseline_ms=10.0)
+
+
+def _best_by_brute_force(table: Table, max_drop: float) -> float:
+    return min([1.0] + [e["ratio"] for e in table.entries.values() if e["drop"] <= max_drop])
+
+
+@pytest.mark.parametrize("max_drop", [0.013, 0.007])
+def test_the_best_is_the_tables_fastest_feasible_and_every_strategy_reaches_it(max_drop) -> None:
+    space = _space()
+    table = _table(space)
+    policy = Scenario("s", "t", max_drop).policy(table.baseline_ms, 27)
+    best, label = table.best(policy)
+    assert best == pytest.approx(_best_by_brute_force(table, max_drop))
+    baselines = [space.params("int8-static-pc", "inductor"), space.params("fp32", "inductor")]
+    for st in STRATEGIES:
+        run = replay(st, table, policy, {"pruned": space, "full": space}, baselines, seed=0,
+                     cap=space.size, overhead_s=5.0, best=best)
+        assert run.trials is not None, st.name  # the whole space: the best is always found
+        assert run.curve == sorted(run.curve, reverse=True)  # best-so-far never gets worse
+        assert run.curve[-1] == pytest.approx(best)
+        # charged for what ran: sensitivity for the pruned space, each trial's phases
+        assert run.seconds[0] >= (5.0 if st.pruned_space else 0.0) + 21.5
+        assert run.wall_s == run.seconds[run.trials - 1]
+
+
+def test_baselines_come_first_where_they_are_given_and_pruned_trials_skip_timing() -> None:
+    space = _space()
+    table = _table(space)
+    policy = Scenario("loose", "t", 0.013).policy(table.baseline_ms, 27)
+    best, _ = table.best(policy)
+    all_int8 = space.params("int8-static-pc", "inductor")
+    assert table.entries[space.recipe(all_int8).hash]["ratio"] == pytest.approx(best)
+    by_name = {st.name: st for st in STRATEGIES}
+    for seed in range(3):
+        for name in ("pgc", "random_baselines"):  # the baseline is the answer: found first
+            run = replay(by_name[name], table, policy, {"pruned": space, "full": space},
+                         [all_int8], seed, 10, 0.0, best)
+            assert run.trials == 1
+    # under a budget the all-int8 recipe breaks, the quick check prunes it: it pays for its
+    # build, warm-up and check, not for the full check and timing
+    strict = Scenario("strict", "t", 0.007).policy(table.baseline_ms, 27)
+    run = replay(by_name["pgc"], table, strict, {"pruned": space, "full": space}, [all_int8],
+                 0, 1, 0.0, table.best(strict)[0])
+    assert run.seconds == [pytest.approx(21.5)] and run.curve == [math.inf]
+    run = replay(by_name["random"], table, strict, {"pruned": space, "full": space}, [all_int8],
+                 0, 1, 0.0, table.best(strict)[0])
+    assert run.seconds == [pytest.approx(sum(PHASES.values()))]  # no pruning: timed in full
+
+
+def test_random_with_the_pruned_space_only_samples_what_pgc_samples() -> None:
+    full, pruned = _space(), _space(("fp32", "int8-dynamic-pc"))
+    table = _table(full)
+    policy = Scenario("s", "t", 0.013).policy(table.baseline_ms, 27)
+    best, _ = table.best(policy)
+    by_name = {st.name: st for st in STRATEGIES}
+    spaces = {"pruned": pruned, "full": full}
+    run = replay(by_name["random_baselines"], table, policy, spaces, [], 0, pruned.size, 0.0, best)
+    # the pruned space lacks int8 static, so its best is the best with int8 dynamic
+    assert run.curve[-1] == pytest.approx(
+        min(e["ratio"] for e in table.entries.values() if "int8-static-pc" not in e["params"].values()))
+
+
+def test_most_accurate_under_a_latency_target_judges_drop_among_fast_enough_recipes() -> None:
+    space = _space()
+    table = _table(space)
+    sc = Scenario("acc", "t", 0.013, objective="most_accurate", target_speedup=1.5)
+    policy = sc.policy(table.baseline_ms, 27)
+    assert policy.latency_target_ms == pytest.approx(10.0 / 1.5)
+    best, _ = table.best(policy)
+    fast = [e for e in table.entries.values() if e["ratio"] * 10.0 <= 10.0 / 1.5]
+    assert best == pytest.approx(min(e["drop"] for e in fast))
+    assert reached(policy, best + 0.0006, best) and not reached(policy, best + 0.001, best)
+
+
+def test_summaries_give_the_keys_the_readme_and_targets_read() -> None:
+    space = _space()
+    table = _table(space)
+    policy = Scenario("s", "t", 0.013).policy(table.baseline_ms, 27)
+    best, _ = table.best(policy)
+    runs = {st.name: [replay(st, table, policy, {"pruned": space, "full": space},
+                             [space.params("fp32", "eager")], seed, space.size, 3.0, best)
+                      for seed in range(3)] for st in STRATEGIES}
+    out = summarize("s", runs, policy, best, budget=12, cap=space.size)
+    for st in STRATEGIES:
+        assert out[f"{st.name}_trials_median"] == sorted(
+            math.inf if r.trials is None else r.trials for r in runs[st.name])[1]
+    assert out["ratio_vs_random_baselines"] == pytest.approx(
+        out["pgc_trials_median"] / out["random_baselines_trials_median"])
+    assert 0.0 <= out["pgc_within_target_at_budget"] <= 1.0
+    c = curves(runs["pgc"], space.size)
+    assert len(c["median"]) == space.size and all(lo <= hi for lo, hi in zip(
+        (x for x in c["p25"] if x is not None), (x for x in c["p75"] if x is not None)))
