@@ -141,6 +141,8 @@ def build_table(space: Space, search: Search, progress: Any) -> dict[str, dict[s
             }
             progress.update(task, advance=1,
                             description=f"measured {rec.label}: {rec.message}"[:70])
+            if not progress.console.is_terminal:  # no live bar in a log: a line per recipe
+                progress.console.print(f"[{len(table)}/{len(grid)}] {rec.label}: {rec.message}")
         top = sorted((e for e in table.values() if e["state"] == "complete"),
                      key=lambda e: e["ratio"])[:3]
         for e in top:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from compiler.fingerprint import fingerprint
     from compiler._openvino import search_backends as openvino_backends
     from compiler.hardware import Hardware, probe
-    from compiler._quiet import recompile_limit_hits
+    from compiler._quiet import recompile_limit_hits, silence_recompile_limit
     from compiler.parts import DynamicShapes, Fusion, Kernels, Layout, Partition, ShapeBuckets
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
     from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     "fingerprint": "compiler.fingerprint",
     "openvino_backends": "compiler._openvino",
     "recompile_limit_hits": "compiler._quiet",
+    "silence_recompile_limit": "compiler._quiet",
     "Hardware": "compiler.hardware",
     "probe": "compiler.hardware",
     "DynamicShapes": "compiler.parts",

@@ -24,10 +24,14 @@ every dimension ``Dim.AUTO``, and the variant serves any batch size.
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
 import inspect
 import io
 import logging
+import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -132,12 +136,44 @@ def _auto_shapes(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     }
 
 
+#: Exported graphs kept for the next build of the same module (a search quantizes one model
+#: in many ways, and each pt2e trial exported it again: 2-3 s of a MiniLM trial). Two at most:
+#: a graph holds a copy of the weights.
+_EXPORTS: OrderedDict[str, torch.fx.GraphModule] = OrderedDict()
+_EXPORTS_LOCK = threading.Lock()
+
+
+def _export_key(module: nn.Module, example: Example) -> str:
+    """The module's fingerprint (structure and weights) with its weights' strides (a
+    channels-last layout exports another graph), and the example's signature."""
+    from compiler.fingerprint import fingerprint
+
+    strides = [tuple(t.stride()) for t in module.state_dict().values() if torch.is_tensor(t)]
+    leaves, spec = tree_flatten(example)
+    sig = [(tuple(t.shape), t.dtype, tuple(t.stride())) if torch.is_tensor(t) else repr(t)
+           for t in leaves]
+    text = repr((fingerprint(module), strides, str(spec), sig, type(module).__qualname__))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def export(module: nn.Module, example: Example) -> torch.fx.GraphModule:
     """Export ``module`` with every input dimension free where the model allows it, dead code
-    removed. Raises what export raises when the module cannot be exported."""
+    removed; a copy of the graph kept from an earlier export of the same module and example
+    when there is one. Raises what export raises when the module cannot be exported."""
+    key = _export_key(module, example)
+    with _EXPORTS_LOCK:
+        kept = _EXPORTS.get(key)
+        if kept is not None:
+            _EXPORTS.move_to_end(key)
+            with quiet():  # copying a graph module warns of torch's own pytree deprecations
+                return copy.deepcopy(kept)
     gm = export_program(module, example).module()
     gm.graph.eliminate_dead_code()
     gm.recompile()
+    with _EXPORTS_LOCK, quiet():
+        _EXPORTS[key] = copy.deepcopy(gm)  # prepare_pt2e changes the graph it is given
+        while len(_EXPORTS) > 2:
+            _EXPORTS.popitem(last=False)
     return gm
 
 

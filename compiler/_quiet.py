@@ -29,9 +29,8 @@ warnings.filterwarnings(
 
 class _RecompileLimit(logging.Filter):
     """Dynamo's warning that a compiled function hit its recompile limit (a static-shape
-    variant fed a new length for the ninth time; it runs eagerly from then on). It reaches no
-    terminal: pgc counts it (:func:`recompile_limit_hits`) and a search reports it as the
-    trial's result."""
+    variant fed a new length for the ninth time; it runs eagerly from then on), counted and
+    kept off the terminal where :func:`silence_recompile_limit` installed it."""
 
     hits = 0
     last = ""
@@ -47,10 +46,20 @@ class _RecompileLimit(logging.Filter):
         return False
 
 
-logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimit())
+_LIMIT = _RecompileLimit()
+
+
+def silence_recompile_limit() -> None:
+    """Count Dynamo's recompile-limit warning (:func:`recompile_limit_hits`) instead of
+    printing it. For pgc's own search processes (a search reports it as the trial's result);
+    never installed in a serving process, whose own ``torch.compile`` warnings are its user's."""
+    logger = logging.getLogger("torch._dynamo.convert_frame")
+    if _LIMIT not in logger.filters:
+        logger.addFilter(_LIMIT)
 
 
 def recompile_limit_hits() -> tuple[int, str]:
-    """How many times a compiled function of this process hit Dynamo's recompile limit, and
-    the last one's reason (``last reason: ... size mismatch at index 1 ...``)."""
+    """How many times a compiled function of this process hit Dynamo's recompile limit since
+    :func:`silence_recompile_limit`, and the last one's reason (``last reason: ... size
+    mismatch at index 1 ...``)."""
     return _RecompileLimit.hits, _RecompileLimit.last

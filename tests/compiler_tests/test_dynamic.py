@@ -149,8 +149,10 @@ def test_a_static_variant_fed_other_lengths_is_caught_not_printed(
 ) -> None:
     """The two ways a static variant stops measuring itself on variable-length traffic, each
     reported as the trial's result (``_shape_fallback``) and neither on the terminal."""
+    from compiler import silence_recompile_limit
     from pgc_daemon.optimizer.search.trial import _shape_fallback
 
+    silence_recompile_limit()  # as every trial does in a search process
     model = tiny_bert["model"]
     g = torch.Generator().manual_seed(5)
     packaged = build(model, Recipe(backend=Backend("inductor")), example=tiny_bert["inputs"][0])

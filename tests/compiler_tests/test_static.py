@@ -151,3 +151,40 @@ def test_control_flow_model_compiled_with_graph_breaks_is_still_correct(branchy:
     for args, _ in inputs[:2]:
         with torch.inference_mode():
             assert compare(model(*args), built.module(*args))["sqnr_db"] > 25
+
+
+def test_a_second_quantization_of_the_same_model_reuses_its_export_and_matches_a_fresh_one(
+    cnn_spec: dict[str, Any]
+) -> None:
+    """A search quantizes one model many ways; the export is kept for the next build (and
+    the next build's quantization must not see what the previous one did to its copy)."""
+    from compiler import _pt2e
+
+    cal = examples(cnn_spec, 8)
+    test = examples(cnn_spec, 6)
+    rules = [{"_default": "int8-static-pc"}, {"_default": "int8-static-pc", "head.3": "fp32"}]
+    _pt2e._EXPORTS.clear()
+    first = [outputs(build(cnn_spec["model"], Recipe(quantization=Quantization.of(r)),
+                           calibration=cal).module, test) for r in rules]
+    assert len(_pt2e._EXPORTS) == 1  # one export, reused by the second recipe
+    calls = []
+    real = _pt2e.export_program
+    _pt2e.export_program = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        again = outputs(build(cnn_spec["model"], Recipe(quantization=Quantization.of(rules[0])),
+                              calibration=cal).module, test)
+    finally:
+        _pt2e.export_program = real
+    assert calls == []  # served from the kept graph
+    _pt2e._EXPORTS.clear()
+    fresh = outputs(build(cnn_spec["model"], Recipe(quantization=Quantization.of(rules[1])),
+                          calibration=cal).module, test)
+    for a, b in zip(first[0], again):
+        assert torch.equal(a, b)
+    for a, b in zip(first[1], fresh):
+        assert torch.equal(a, b)
+    # another model (other weights) is exported anew
+    other = type(cnn_spec["model"])()
+    other.load_state_dict({k: v + 0.01 for k, v in cnn_spec["model"].state_dict().items()})
+    build(other.eval(), Recipe(quantization=STATIC), calibration=cal)
+    assert len(_pt2e._EXPORTS) == 2

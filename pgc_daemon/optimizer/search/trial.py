@@ -15,7 +15,16 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from compiler import BuildError, CompileCache, Example, Recipe, build, recompile_limit_hits, warm
+from compiler import (
+    BuildError,
+    CompileCache,
+    Example,
+    Recipe,
+    build,
+    recompile_limit_hits,
+    silence_recompile_limit,
+    warm,
+)
 from pgc_daemon.optimizer.search.evaluate import Evaluator, quick_verdict
 from pgc_daemon.optimizer.search.measure import interleaved
 from pgc_daemon.optimizer.search.results import TrialRecord, feasible
@@ -145,6 +154,7 @@ def evaluate_trial(
     policy = self.policy
     variant = None
     phases = rec.phases
+    silence_recompile_limit()  # this is a search process: the trial reports it instead
     limit_hits = recompile_limit_hits()[0]
     try:
         t = time.monotonic()
