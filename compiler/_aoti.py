@@ -50,7 +50,15 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
 from compiler._aoti_native import NativePackage, extract_folder, plain_package
-from compiler._dynamic import DynamicMatch, export_shapes, length, mask_signature, probes, range_of
+from compiler._dynamic import (
+    DynamicMatch,
+    at_length,
+    export_shapes,
+    length,
+    mask_signature,
+    probes,
+    range_of,
+)
 from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
@@ -283,27 +291,9 @@ def shape_examples(example: Example, recipe: Any) -> list[Example]:
     buckets = getattr(recipe, "buckets", None)
     if buckets is None or buckets.is_identity:
         return [example]
-    from compiler._buckets import _length, pad_inputs
-
-    args, kwargs = example
-    dim = buckets.dim
-    length = _length(args, kwargs, dim)
-    if length is None:
+    if length(*example, buckets.dim) is None:
         return [example]
-    out: list[Example] = []
-    for size in buckets.sizes:
-        if size >= length:
-            out.append(pad_inputs(args, kwargs, dim, length, size, buckets.pad_value))
-            continue
-        leaves, spec = tree_flatten((args, kwargs))
-        cut = [
-            x.narrow(dim, 0, size).contiguous()
-            if isinstance(x, torch.Tensor) and x.dim() > dim and x.shape[dim] == length
-            else x
-            for x in leaves
-        ]
-        out.append(tree_unflatten(cut, spec))
-    return out
+    return [at_length(example, buckets.dim, size, buckets.pad_value) for size in buckets.sizes]
 
 
 def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> AotiModule:
@@ -386,7 +376,7 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
     ctx.report.notes.append(
         f"dynamic dim {dim}: one package for lengths {span}, checked against fp32 at lengths "
         + ", ".join(str(_length_of(ex, dim)) for ex in checked))
-    return AotiModule({}, ctx.state.get("original", model), kernels, [(match, runner)])
+    return AotiModule({}, original, kernels, [(match, runner)])
 
 
 def _length_of(example: Example, dim: int) -> int:

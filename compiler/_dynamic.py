@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from compiler._buckets import _length as length
+from compiler._buckets import pad_inputs
 from compiler._registry import BuildContext, Example, register_transform
 from compiler.parts import DynamicShapes
 
@@ -40,14 +42,6 @@ def apply_dynamic(model: nn.Module, part: DynamicShapes, ctx: BuildContext) -> n
             f"dynamic dim {part.dim}: the {ctx.recipe.backend.kind} graph has every axis dynamic"
         )
     return model
-
-
-def length(args: Any, kwargs: Any, dim: int) -> int | None:
-    """The first tensor input's length along ``dim`` (None: no tensor that deep)."""
-    for t in tree_flatten((args, kwargs))[0]:
-        if isinstance(t, torch.Tensor) and t.dim() > dim:
-            return int(t.shape[dim])
-    return None
 
 
 def _varies(t: Any, dim: int, n: int) -> bool:
@@ -70,20 +64,18 @@ def export_shapes(model: nn.Module, example: Example, dim: int) -> Any:
 
 
 def at_length(example: Example, dim: int, to: int, pad_value: int = 0) -> Example:
-    """The example cut or padded (with ``pad_value``) to ``to`` along ``dim``."""
+    """The example cut or padded (with ``pad_value``, by ``compiler._buckets.pad_inputs``) to
+    ``to`` along ``dim``."""
     args, kwargs = example
     n = length(args, kwargs, dim)
+    if n is None or to == n:
+        return example
+    if to > n:
+        got_args, got_kwargs = pad_inputs(args, kwargs, dim, n, to, pad_value)
+        return tuple(got_args), dict(got_kwargs)
     leaves, spec = tree_flatten((args, kwargs))
-    out = []
-    for t in leaves:
-        if _varies(t, dim, n) and to != n:
-            if to < n:
-                t = t.narrow(dim, 0, to).contiguous()
-            else:
-                pad = [0, 0] * (t.dim() - dim - 1) + [0, to - n]
-                t = torch.nn.functional.pad(t, pad, value=pad_value)
-        out.append(t)
-    got_args, got_kwargs = tree_unflatten(out, spec)
+    cut = [t.narrow(dim, 0, to).contiguous() if _varies(t, dim, n) else t for t in leaves]
+    got_args, got_kwargs = tree_unflatten(cut, spec)
     return tuple(got_args), dict(got_kwargs)
 
 
