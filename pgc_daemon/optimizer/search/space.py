@@ -45,6 +45,9 @@ BASE_CHOICES = (
     "int8-weight_only-pc",
 )
 SAFE = "fp32"
+#: the int8 each peer backend is tried in first: ONNX Runtime's dynamic quantization, and
+#: OpenVINO in its default precision with NNCF's static int8 (measured fastest of each here)
+PEER_BASELINES = {"onnxruntime": "int8-dynamic-pc", "openvino": "int8-static-pc"}
 #: Whole-graph choices for convolutional models: as written, or BatchNorm folded, conv+ReLU
 #: fused and channels-last activations (what oneDNN's convolutions prefer).
 GRAPH_CHOICES = ("fused_cl", "as_is")
@@ -145,13 +148,19 @@ class Space:
         return params if self.recipe(params) == recipe else None
 
     def baselines(self, sensitive: Sequence[str] = ()) -> list[dict[str, Any]]:
-        """What every search tries first: fp32 compiled, all-int8 per-channel compiled (static,
-        then dynamic), and all-int8 with the ``sensitive`` hot layers kept in fp32."""
+        """What every search tries first: fp32 compiled, all-int8 per-channel compiled
+        (static), each installed peer backend in its own int8 (:data:`PEER_BASELINES`: where a
+        peer wins, as ONNX Runtime does on small convnets and LSTMs, the search starts from it
+        instead of finding it by chance), all-int8 dynamic compiled, and all-int8 with the
+        ``sensitive`` hot layers kept in fp32."""
         backend = "inductor" if "inductor" in self.backends else self.backends[0]
         out = [self.params("fp32", backend)] if backend == "inductor" else []
-        for choice in ("int8-static-pc", "int8-dynamic-pc"):
+        points = [("int8-static-pc", backend)]
+        points += [(c, peer) for peer, c in PEER_BASELINES.items() if peer in self.backends]
+        points.append(("int8-dynamic-pc", backend))
+        for choice, on in points:
             if choice in self.default_choices:
-                out.append(self.params(choice, backend))
+                out.append(self.params(choice, on))
         keep = [n for n in sensitive if n in self.hot_layers]
         for choice in ("int8-static-pc", "int8-dynamic-pc"):
             if choice in self.default_choices and keep:
