@@ -4,8 +4,9 @@ the snapshot of it that travels with the work.
 The user sees one flat :class:`Policy` (what ``PUT /policy`` takes). Inside, it has three parts
 that change different things:
 
-- :class:`StudyTerms` — objective, constraints and metric percentile: what *names* an Optuna
-  study. Changing one of these starts a new study (earlier trials measured something else).
+- :class:`StudyTerms` — objective, constraints, metric percentile and the backends allowed:
+  what *names* an Optuna study. Changing one of these starts a new study (earlier trials
+  measured something else, or searched another space).
 - :class:`Budget` — trials and time: how long a study may run. Raising it continues the same
   study (resumed, every finished trial kept).
 - :class:`DeploySettings` — min speedup, auto-deploy and canary: what happens with a result.
@@ -29,6 +30,8 @@ from pgc_daemon.errors import PolicyError
 
 Objective = Literal["fastest", "most_accurate"]
 Percentile = Literal["p50", "p95", "p99"]
+#: what ``backends`` may name (``compiler.Backend`` labels); the search offers the installed ones
+BackendName = Literal["inductor", "eager", "onnxruntime", "openvino", "openvino-f32"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class StudyTerms:
     max_accuracy_drop: float
     latency_target_ms: float | None
     latency_percentile: Percentile
+    backends: tuple[str, ...] | None = None
+    """the backends the search may choose (None: every installed one)"""
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,19 @@ class Policy(BaseModel):
     """How much slower live than what serves a deployment the search made under ``fastest``
     may be (it exists to be faster); other deployments get ``canary_latency_tolerance``."""
     canary_shadow_samples: int = Field(16, ge=0, le=1000)
+    backends: tuple[BackendName, ...] | None = Field(
+        None, min_length=1,
+        description="the backends the search may choose, e.g. [\"inductor\"] for PyTorch only "
+        "(null: every one installed on the worker's machine; one not installed there is not "
+        "offered)",
+    )
 
     @model_validator(mode="after")
     def _objective_needs_target(self) -> Policy:
         if self.objective == "most_accurate" and self.latency_target_ms is None:
             raise ValueError("objective 'most_accurate' needs latency_target_ms")
+        if self.backends is not None and len(set(self.backends)) != len(self.backends):
+            raise ValueError("backends are named twice")
         return self
 
     @classmethod
@@ -98,7 +111,8 @@ class Policy(BaseModel):
     @property
     def study(self) -> StudyTerms:
         return StudyTerms(
-            self.objective, self.max_accuracy_drop, self.latency_target_ms, self.latency_percentile
+            self.objective, self.max_accuracy_drop, self.latency_target_ms, self.latency_percentile,
+            tuple(sorted(self.backends)) if self.backends is not None else None,
         )
 
     @property

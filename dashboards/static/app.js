@@ -802,6 +802,7 @@ function fillPolicy(p) {
   f.elements.latency_percentile.value = p.latency_percentile;
   f.elements.objective.value = p.objective;
   f.elements.auto_deploy.checked = p.auto_deploy;
+  f.elements.backends.value = p.backends ? p.backends.join(", ") : "";
   f.dataset.version = p.version;
   setDirty(false);
 }
@@ -829,6 +830,8 @@ function readPolicy() {
   body.latency_percentile = f.elements.latency_percentile.value;
   body.objective = f.elements.objective.value;
   body.auto_deploy = f.elements.auto_deploy.checked;
+  const backends = f.elements.backends.value.split(",").map((b) => b.trim()).filter(Boolean);
+  body.backends = backends.length ? backends : null;
   return body;
 }
 

@@ -72,7 +72,10 @@ def study_name(
     :class:`Policy` may be passed: only its study terms count."""
     if isinstance(terms, Policy):
         terms = terms.study
-    key_src = json.dumps(asdict(terms), sort_keys=True)
+    fields = asdict(terms)
+    if fields["backends"] is None:  # the names studies had before backends could be chosen
+        del fields["backends"]
+    key_src = json.dumps(fields, sort_keys=True)
     key = hashlib.sha256(f"{key_src}|{shapes}".encode()).hexdigest()[:10]
     return f"pgc:{model}:{graph_hash[:12]}:{hardware}:{key}"
 

@@ -198,10 +198,14 @@ def test_the_policy_form_changes_the_policy_through_the_api(server: Served, page
 
     # with it, the policy changes and the page shows the new version
     page.fill("#token", TOKEN)
+    assert page.input_value("#policy-form [name=backends]") == ""  # none named: every one
+    page.fill("#policy-form [name=backends]", "inductor, onnxruntime")
     page.click("#policy-form button[type=submit]")
     page.wait_for_selector("#policy-status.ok")
     after = api(server, f"models/{m}/policy")
     assert after["max_accuracy_drop"] == 0.03 and after["latency_target_ms"] == 50
+    assert after["backends"] == ["inductor", "onnxruntime"]
+    assert page.input_value("#policy-form [name=backends]") == "inductor, onnxruntime"
     assert after["version"] == before["version"] + 1
     assert f"version {after['version']}" in page.inner_text("#policy-status")
 

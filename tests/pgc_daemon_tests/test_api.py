@@ -97,6 +97,17 @@ def test_policy_get_put_and_readable_422(populated: st.Store) -> None:
     assert c.get("/api/models/mini/policy").json()["version"] == 2  # bad bodies changed nothing
 
 
+def test_the_policy_names_the_backends_a_search_may_choose(populated: st.Store) -> None:
+    c = client(populated)
+    assert c.get("/api/models/mini/policy").json()["backends"] is None  # every installed one
+    # a JSON list, checked against the names pgc knows
+    r = c.put("/api/models/mini/policy", json={"backends": ["inductor", "onnxruntime"]})
+    assert r.status_code == 200 and r.json()["backends"] == ["inductor", "onnxruntime"]
+    bad = c.put("/api/models/mini/policy", json={"backends": ["tvm"]})
+    assert bad.status_code == 422 and bad.json()["detail"].startswith("backends.0:")
+    assert c.get("/api/models/mini/policy").json()["backends"] == ["inductor", "onnxruntime"]
+
+
 def test_profile_front_and_deployments(populated: st.Store) -> None:
     c = client(populated)
     prof = c.get("/api/models/mini/profile").json()

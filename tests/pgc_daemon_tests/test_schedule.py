@@ -146,3 +146,9 @@ def test_study_names_hash_only_the_study_terms_and_the_traffic_shape() -> None:
         {"objective": "most_accurate", "latency_target_ms": 5.0},
     ):
         assert study_name("m", "h" * 64, "cpu-x", Policy(**other), "b1 s128") != name, other
+    # the backends allowed name a study too (in any order); none named keeps the names studies
+    # had before backends could be chosen, so those studies resume
+    assert name == "pgc:m:hhhhhhhhhhhh:cpu-x:979766988a"
+    torch_only = study_name("m", "h" * 64, "cpu-x", Policy(backends=["inductor", "eager"]), "b1 s128")
+    assert torch_only != name
+    assert torch_only == study_name("m", "h" * 64, "cpu-x", Policy(backends=["eager", "inductor"]), "b1 s128")

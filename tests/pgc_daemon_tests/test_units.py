@@ -33,6 +33,9 @@ def test_policy_defaults_and_min_fidelity() -> None:
         ({"objective": "most_accurate"}, "policy"),
         ({"max_trials": 0}, "max_trials"),
         ({"surprise": 1}, "surprise"),
+        ({"backends": ["tvm"]}, "backends"),
+        ({"backends": []}, "backends"),
+        ({"backends": ["eager", "eager"]}, "named twice"),
     ],
 )
 def test_invalid_policies_give_one_readable_line(data: dict, where: str) -> None:
@@ -186,6 +189,16 @@ def test_space_turns_params_into_recipes(mlp_spec: dict) -> None:
     base = space.baselines()
     assert base[0] == space.params("fp32", "inductor")
     assert space.size == len(list(space.grid()))
+    # each installed peer is tried first in its own int8, after all-int8 static Inductor
+    peers = build_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], hw,
+                        backends=("inductor", "eager", "onnxruntime", "openvino", "openvino-f32"))
+    tried = [(p["default"], p["backend"]) for p in peers.baselines()]
+    assert tried == [("fp32", "inductor"), ("int8-static-pc", "inductor"),
+                     ("int8-dynamic-pc", "onnxruntime"), ("int8-static-pc", "openvino"),
+                     ("int8-dynamic-pc", "inductor")]
+    alone = build_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], hw,
+                        backends=("inductor", "eager"))
+    assert [p["backend"] for p in alone.baselines()] == ["inductor"] * 3  # no peer, none tried
     fp32 = space.recipe(space.params("fp32", "eager"))
     assert fp32.is_identity
 
@@ -350,3 +363,19 @@ def test_the_live_gap_is_the_idle_time_between_one_processs_requests() -> None:
     assert live_gap_s({"count": 100, "seconds": 5.0, "mean_ms": 0.5}) == pytest.approx(MAX_GAP_PER_CALL * 0.0005)
     assert live_gap_s({"count": 1000, "seconds": 5.0, "mean_ms": 10.0}) == 0.0  # saturated
     assert live_gap_s(None) == 0.0
+
+
+def test_the_policy_backends_narrow_the_space_to_what_is_installed(mlp_spec: dict) -> None:
+    from pgc_daemon.errors import SearchError
+    from pgc_daemon.optimizer.search.prepare import allowed_backends, shape_space
+    from pgc_daemon.optimizer.search.space import backends_for
+
+    assert allowed_backends(Policy()) == backends_for()
+    torch_only = Policy(backends=["inductor", "eager"])
+    space = shape_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], torch_only, sensitivity=None)
+    assert space.backends == ("inductor", "eager")
+    assert {p["backend"] for p in space.baselines()} == {"inductor"}
+    ort = allowed_backends(Policy(backends=["onnxruntime", "eager"]), installed=("inductor", "eager"))
+    assert ort == ("eager",)  # one not installed here is not offered
+    with pytest.raises(SearchError, match="none of the policy's backends"):
+        allowed_backends(Policy(backends=["openvino"]), installed=("inductor", "eager"))

@@ -9,9 +9,17 @@ from typing import Any
 from torch import nn
 
 from compiler import CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity
+from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.evaluate import Evaluator
-from pgc_daemon.optimizer.search.space import SAFE, Space, build_space, choices_for, time_candidates
+from pgc_daemon.optimizer.search.space import (
+    SAFE,
+    Space,
+    backends_for,
+    build_space,
+    choices_for,
+    time_candidates,
+)
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
 from pgc_daemon.optimizer.search.trial import ServingThreads
 from profiler import profile_model, shape_key
@@ -149,16 +157,34 @@ def shape_space(
     histogram: dict[str, int] | None = None,
 ) -> Space:
     """The space of a search on this machine: hot layers from the live ``profile`` (the most
-    sensitive of them, with ``sensitivity``), choices pruned by ``sensitivity``."""
+    sensitive of them, with ``sensitivity``), choices pruned by ``sensitivity``, backends
+    those installed here that the policy allows."""
     return build_space(
         base,
         profile,
         probe(),
         max_hot=MAX_HOT,
+        backends=allowed_backends(policy),
         sensitivity=sensitivity,
         max_drop=policy.max_accuracy_drop,
         shapes=histogram,
     )
+
+
+def allowed_backends(policy: Policy, installed: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The ``installed`` backends (default: this machine's) that ``policy.backends`` allows,
+    all of them when it names none; :class:`SearchError` when it names only backends not
+    installed."""
+    installed = tuple(installed) if installed is not None else backends_for()
+    if policy.backends is None:
+        return installed
+    out = tuple(b for b in installed if b in policy.backends)
+    if not out:
+        raise SearchError(
+            f"none of the policy's backends ({', '.join(policy.backends)}) is installed here "
+            f"(installed: {', '.join(installed)})"
+        )
+    return out
 
 
 def settle(
