@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget", type=float, default=1800.0, help="seconds (default 1800)")
     p.add_argument("--storage", help="Optuna storage URL to keep (and resume) the study")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backends", help="comma-separated backends the search may choose, e.g. "
+                   "inductor,onnxruntime (default: every installed one)")
     p.add_argument(
         "--no-sensitivity", action="store_true", help="skip per-layer sensitivity (faster, blinder)"
     )
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
                 "objective": args.objective,
                 "max_trials": args.trials,
                 "time_budget_s": args.time_budget,
+                "backends": [b.strip() for b in args.backends.split(",")] if args.backends else None,
             }
         )
     except PolicyError as exc:
@@ -94,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     for layer, choice, why in data["pruned"][:8]:
         console.print(f"pruned {choice} for {layer}: {why}")
     console.print(f"baseline fp32 eager {data['baseline_ms'] or 0:.3f} ms · {data['message']}")
+    if data["trial_s_median"] is not None:
+        console.print(f"{len(data['trial_s'])} trials evaluated in {data['elapsed_s']:.0f} s, "
+                      f"median {data['trial_s_median']:.1f} s a trial")
     if data["recipe"] is not None:
         console.print("recipe: " + json.dumps(data["recipe"]))
     if args.json:

@@ -64,3 +64,28 @@ def test_serve_takes_no_token_on_the_command_line(tmp_path: Path) -> None:
     file."""
     out = pgc("serve", "--token", "s3cret", cwd=tmp_path)
     assert out.returncode == 2 and "unrecognized arguments: --token" in out.stderr
+
+
+@pytest.mark.parametrize("args", [["nope.module:fn"], ["pgc_daemon.examples.digits:mlp", "--trials", "0"]])
+def test_optimize_refuses_bad_input_in_one_line(args: list[str], tmp_path: Path) -> None:
+    out = pgc("optimize", *args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pgc optimize: error:")
+
+
+@pytest.mark.slow
+def test_optimize_reports_what_each_trial_cost(tmp_path: Path) -> None:
+    """``pgc optimize --json`` on a real model: one JSON object last, with the wall seconds of
+    every evaluated trial (how long a search takes is part of what it reports)."""
+    import json
+
+    out = pgc("optimize", "pgc_daemon.examples.digits:mlp", "--trials", "2", "--no-sensitivity",
+              "--max-drop", "0.02", "--json", cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["feasible"] and data["speedup"] > 0
+    assert data["trials"] == 2 and len(data["trial_s"]) == 2
+    assert all(0 < s <= data["elapsed_s"] for s in data["trial_s"])
+    assert min(data["trial_s"]) <= data["trial_s_median"] <= max(data["trial_s"])
+    assert "median" in out.stderr and "a trial" in out.stderr

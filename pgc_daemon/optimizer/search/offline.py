@@ -3,6 +3,7 @@ on its example inputs, without a store or a running server."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class OfflineResult:
     def to_dict(self) -> dict[str, Any]:
         r = self.result
         chosen = r.chosen
+        seconds = [sum(t.phases.values()) for t in r.records if not t.duplicate]
         return {
             "spec": self.spec,
             "metric": r.metric,
@@ -51,6 +53,9 @@ class OfflineResult:
             "feasible": r.feasible,
             "message": r.message,
             "trials": len(r.records),
+            # wall seconds each evaluated trial took (build, checks, timing), in trial order
+            "trial_s": [round(s, 1) for s in seconds],
+            "trial_s_median": round(statistics.median(seconds), 1) if seconds else None,
             "front": [_point(t) for t in r.front],
             "closest": [_point(t) for t in r.closest],
             "hot_layers": self.hot_layers,
