@@ -93,6 +93,16 @@ def signature(args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
     return (spec, *map(_leaf, leaves))
 
 
+MAX_MISSED_SHAPES = 16
+
+
+def shape_label(sig: Signature) -> str:
+    """The input shapes of a call, for people: ``1x37, 1x37``."""
+    leaves = sig if sig and isinstance(sig[0], tuple) else sig[1:]
+    return ", ".join("x".join(map(str, leaf[0])) if leaf[0] != "value" else leaf[1]
+                     for leaf in leaves)
+
+
 def signature_to_json(sig: Signature) -> dict[str, Any]:
     if sig and isinstance(sig[0], tuple):  # tensors only, positional: no tree structure
         spec, leaves = None, list(sig)
@@ -197,6 +207,8 @@ class AotiModule(nn.Module):
         self.kernel_layers = kernel_layers
         self.__dict__["fallback"] = fallback
         self.shape_misses = 0
+        #: calls per input shape that missed (the first :data:`MAX_MISSED_SHAPES` shapes)
+        self.missed_shapes: dict[str, int] = {}
         self._misses_lock = threading.Lock()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -207,8 +219,11 @@ class AotiModule(nn.Module):
         for match, dynamic in self.dynamic:
             if match.accepts(sig, args, kwargs):
                 return dynamic(args, kwargs)
+        shapes = shape_label(sig)
         with self._misses_lock:
             self.shape_misses += 1
+            if shapes in self.missed_shapes or len(self.missed_shapes) < MAX_MISSED_SHAPES:
+                self.missed_shapes[shapes] = self.missed_shapes.get(shapes, 0) + 1
         return self.__dict__["fallback"](*args, **kwargs)
 
 

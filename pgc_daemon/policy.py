@@ -83,7 +83,7 @@ class Policy(BaseModel):
     may be (it exists to be faster); other deployments get ``canary_latency_tolerance``."""
     canary_shadow_samples: int = Field(16, ge=0, le=1000)
     backends: tuple[BackendName, ...] | None = Field(
-        None, min_length=1,
+        None, min_length=1, json_schema_extra={"uniqueItems": True},
         description="the backends the search may choose, e.g. [\"inductor\"] for PyTorch only "
         "(null: every one installed on the worker's machine; one not installed there is not "
         "offered)",

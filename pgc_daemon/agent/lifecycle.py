@@ -95,6 +95,8 @@ class Lifecycle:
             "variant_id": slot.variant_id,
             "calls": self.calls,
             "fallbacks": self.fallbacks,
+            # calls the serving variant ran on the original model: shapes it was not built for
+            "shape_misses": getattr(slot.module, "shape_misses", 0),
             "caller_errors": self.caller_errors,
             "retries": self.retries,
             "reservoir": len(self.registry.reservoir),

@@ -53,6 +53,7 @@ from pgc_daemon.agent.reverts import Reverter, end_active
 from pgc_daemon.agent.runtime import in_short_thread, lower_priority, settle_heap, short_gil_turns
 from pgc_daemon.agent.slot import Slot
 from pgc_daemon.agent.variants import VERIFY_INPUTS, Variants
+from pgc_daemon.agent.shapewatch import ShapeMissWatch
 from pgc_daemon.errors import DeployFailed, describe
 from pgc_daemon.policy import Policy
 from pgc_daemon.states import D
@@ -80,6 +81,7 @@ class Swapper:
         self.replica = Replica(self.registry.store, self._report)
         self.follower = Follower(served, self.variants, self.replica.name)
         self.reverts = Reverter(served)
+        self.shape_misses = ShapeMissWatch(served.registry)
         self.busy = threading.Event()
         self.deployments_done = 0
         self._interrupted: dict[int, _Interrupted] = {}
@@ -138,6 +140,7 @@ class Swapper:
                         self._moved = None
                         self.busy.clear()
                 self._follow()
+                self.shape_misses.check(served.slot)
                 backoff = reg.settings.poll_s
             except st.StoreError as exc:
                 log.warning("store unavailable (%s); serving continues, retrying", describe(exc))

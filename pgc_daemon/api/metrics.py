@@ -206,6 +206,12 @@ class _Families:
             "Leak warnings: steady RSS growth of the serving process while one variant served",
             labels=["model"],
         )
+        self.shape_miss_warnings = CounterMetricFamily(
+            "pgc_shape_miss_warnings",
+            "Shape-miss warnings: calls the serving compiled variant ran on the fp32 model, "
+            "since it was not built for their input shapes (at most one warning a minute)",
+            labels=["model"],
+        )
         self.leak_growth = GaugeMetricFamily(
             "pgc_leak_growth_bytes_per_second",
             f"RSS growth rate of the latest leak warning, while it is under {int(HOST_STATS_S)} s "
@@ -363,6 +369,9 @@ class StoreCollector(Collector):
             f.cpu.add_metric([name], last.cpu_percent / 100.0)
             f.threads.add_metric([name], last.threads)
         f.leak_warnings.add_metric([name], float(st.repo.count_events(s, model.id, "leak")))
+        f.shape_miss_warnings.add_metric(
+            [name], float(st.repo.count_events(s, model.id, "shape_miss"))
+        )
         leaks = st.repo.list_events(s, model.id, kind="leak", limit=1)
         if leaks and leaks[0].at >= now - HOST_STATS_S:
             data = leaks[0].data or {}

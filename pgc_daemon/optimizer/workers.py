@@ -92,6 +92,12 @@ class Workers:
         env["PGC_OPTUNA_URL"] = self.settings.optuna_storage()
         if self.settings.num_threads:
             env["PGC_NUM_THREADS"] = str(self.settings.num_threads)
+        # the daemon's work dir (compile cache and artifacts) by its absolute path: a worker
+        # that fell back to the default found no artifact where the agents look, and they
+        # compiled the variant in the serving process
+        env["PGC_WORK_DIR"] = str(self.settings.work_path().resolve())
+        if self.settings.artifact_dir:
+            env["PGC_ARTIFACT_DIR"] = str(self.settings.artifact_path().resolve())
         # No current directory on the worker's path: it imports the model spec only from the
         # root the serving process recorded, after checking the file's digest (modelspec).
         argv = [sys.executable, "-m", WORKER_MODULE, "--run-id", str(run_id)]

@@ -149,6 +149,29 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         assert names == {True}
         assert {r["layer"] for r in active["layers"]} >= {"net.1", "net.3", "net.5"}
         assert active["layer_sum_ms"] > 0 and active["live_ms"] > 0
+
+        # calls of a shape the package was not built for run the fp32 model: correct, never an
+        # error, and said: the agent's status counts them, an event names their shapes, and
+        # /metrics counts the warnings
+        odd = torch.cat(_inputs(mlp_spec))[:5]  # a batch no live call had
+        assert served.status()["shape_misses"] == 0
+        for _ in range(7):
+            torch.testing.assert_close(served(odd), mlp_spec["model"](odd))
+        assert served.status()["shape_misses"] == 7
+
+        def warned() -> Any:
+            with store.session() as s:
+                return st.repo.list_events(s, served.model_id, kind="shape_miss")
+
+        (event,) = wait_for(warned, timeout=30, what="the shape-miss event")
+        assert event.level == "warning" and event.data["calls"] == 7
+        assert event.data["variant_id"] == served.slot.variant_id
+        shape = "x".join(map(str, odd.shape))  # e.g. 5x1x8x8
+        assert event.data["shapes"] == {shape: 7} and f"{shape} (7)" in event.message
+        from pgc_daemon.api.metrics import StoreCollector
+
+        (family,) = [m for m in StoreCollector(store, ttl_s=0).collect() if m.name == "pgc_shape_miss_warnings"]
+        assert [x.value for x in family.samples if x.name.endswith("_total")] == [1.0]
     finally:
         served.close()
 

@@ -52,6 +52,10 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
 
             dep = wait_for(finished, timeout=600, every=1.0, what="a deployment from the search")
         assert load.errors == [] and load.wrong == 0
+        # the serving process loaded what the worker built: the worker wrote its artifacts to
+        # the daemon's work dir (it once fell back to ./.pgc, and the agent compiled here)
+        variants = served.swapper.variants
+        assert variants.loads >= 1 and variants.compiles == 0, variants.last_source
         served.flush()
         with store.session() as s:
             model = st.repo.get_model(s, "mlp")

@@ -23,6 +23,7 @@ from pgc_daemon.optimizer.search.prepare import first_trials, make_search, settl
 from pgc_daemon.optimizer.search.progressive import Progressive, eligible
 from pgc_daemon.optimizer.search.results import TrialRecord, feasible
 from pgc_daemon.optimizer.search.runner import finish_run, record_trial, run_live_search
+from pgc_daemon.optimizer.search.space import PEER_BASELINES, backends_for
 from pgc_daemon.optimizer.search.study import ADOPTS, EARLY
 from pgc_daemon.policy import Policy, load_policy
 from pgc_daemon.reservoir import InputReservoir
@@ -313,7 +314,9 @@ def test_baselines_before_sensitivity_keep_the_study_consistent_and_resumable(
     final space's parameters instead; a resumed study (same or another sensitivity) goes on."""
     model = mlp_spec["model"]
     inputs = [(a, {}) for a in mlp_spec["example_inputs"][:8]]
-    policy = Policy(max_accuracy_drop=0.02)
+    # PyTorch's backends: the peers' own baselines (see the real search below) aside, so the
+    # three Inductor baselines are the whole early set
+    policy = Policy(max_accuracy_drop=0.02, backends=["inductor", "eager"])
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     seen: list[tuple[int, int, str]] = []
 
@@ -442,12 +445,17 @@ def test_a_real_search_deploys_while_searching_after_baselines_that_ran_before_s
         deployments = sorted(_deployments(store, model_id), key=lambda d: d.id)
     assert run.state == "done" and result.feasible, run.message
     assert len(trials) == 4
-    # the three baselines (every layer int8 first) were timed before sensitivity was measured
+    # the baselines (every layer int8 first: Inductor's static, then each installed peer in its
+    # own int8, then Inductor's dynamic; fp32 last) were timed before sensitivity was measured,
+    # as many as the budget of 4 takes
     assert sensitivity
     measured_at = min(r.created_at for r in sensitivity)
     before = [t for t in trials if t.created_at < measured_at]
-    assert len(before) == 3 and all(t.params.get("backend") == "inductor" for t in before)
-    assert [t.params["default"] for t in before] == ["int8-static-pc", "int8-dynamic-pc", "fp32"]
+    installed = backends_for()
+    expected = [("int8-static-pc", "inductor"),
+                *((choice, peer) for peer, choice in PEER_BASELINES.items() if peer in installed),
+                ("int8-dynamic-pc", "inductor"), ("fp32", "inductor")][:4]
+    assert [(t.params["default"], t.params["backend"]) for t in before] == expected
     # the first feasible trial faster than fp32 eager went out while the run was running
     good = [t for t in trials if t.feasible and t.speedup and t.speedup > 1.0]
     assert good, [(t.params, t.speedup, t.feasible) for t in trials]

@@ -149,8 +149,11 @@ def test_budgets_continue_the_study_and_study_terms_start_a_new_one(
 ) -> None:
     """End to end on SQLite: raising ``max_trials`` (with ``time_budget_s`` and ``canary_s``
     changed too) resumes the finished study with its trials kept; changing
-    ``max_accuracy_drop`` starts a new one. Each run keeps the snapshot it was queued under."""
-    base = {"max_trials": 1, "max_accuracy_drop": 0.02, "auto_deploy": False}
+    ``max_accuracy_drop`` starts a new one. Each run keeps the snapshot it was queued under.
+    The policy's ``backends`` hold: every trial ran on one it names (ONNX Runtime and eager:
+    the study mechanics are under test here, not Inductor, whose builds take longer)."""
+    base = {"max_trials": 1, "max_accuracy_drop": 0.02, "auto_deploy": False,
+            "backends": ["onnxruntime", "eager"]}
     served = attach(mlp_spec["model"], name="mlp", spec=SPEC, settings=settings, policy=base)
     daemon = Daemon(settings, store)
     inputs = [a[0] for a in mlp_spec["example_inputs"]]
@@ -201,6 +204,10 @@ def test_budgets_continue_the_study_and_study_terms_start_a_new_one(
             assert run3.trigger == "policy changed (version 3)" and run3.policy_version == 3
             assert evaluated(run3.study_name) == 1
             assert evaluated(run1.study_name) == 2  # the old study is left as it was
+            with store.session() as s:
+                trials = st.repo.list_trials(s, served.model_id)
+            assert len(trials) == 3
+            assert {t.params["backend"] for t in trials} <= {"onnxruntime", "eager"}
     finally:
         daemon.stop()
         served.close()

@@ -151,8 +151,9 @@ PolicyUpdate = create_model(  # type: ignore[call-overload]
         Field(0.01, ge=0.0, le=MAX_ACCURACY_DROP, description="1 - fidelity against fp32, at most 0.2"),
     ),
     # a JSON array (strict mode takes no list for a tuple)
-    backends=(list[BackendName] | None, Field(None, min_length=1,
-                                              description=Policy.model_fields["backends"].description)),
+    backends=(list[BackendName] | None, Field(
+        None, min_length=1, json_schema_extra={"uniqueItems": True},
+        description=Policy.model_fields["backends"].description)),
     **{
         name: (IntegralInt, field)
         for name, field in Policy.model_fields.items()
