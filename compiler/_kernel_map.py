@@ -9,7 +9,11 @@ each generated C++ kernel also emits a profiler event of its own name (``graph_0
 as library calls through the C shim do (``aoti_torch_cpu_addmm_out``), so a sampled call run
 under ``torch.profiler`` can be split over the model's layers (see ``profiler._kernels``).
 
-Packages are built this way only with ``PGC_KERNEL_PROFILE=1`` (:data:`ENV`).
+Kernel events cost every call of such a package a little (3% of MiniLM's), profiled or not,
+so a served variant is not built with them: a worker builds a *profiling twin* of the
+deployed variant (the same recipe inside :func:`kernel_events`, ``compiler.build_profiling_twin``)
+that the agent runs on sampled calls only. ``PGC_KERNEL_PROFILE=1`` (:data:`ENV`) builds every
+package with them (``pgc profile --recipe`` does, for one variant).
 
 The map is ``{event name: [layers of its 1st call, layers of its 2nd call, ...]}``: a name
 called several times (one library kernel for every linear) is told apart by its order within
@@ -19,9 +23,11 @@ own ``forward``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +52,32 @@ def kernel_profiling() -> bool:
 def profile_options() -> dict[str, Any]:
     """The Inductor options that make a package's kernels attributable, when switched on."""
     return dict(PROFILE_OPTIONS) if kernel_profiling() else {}
+
+
+@contextlib.contextmanager
+def kernel_events() -> Iterator[None]:
+    """Packages built inside the block carry kernel events (:data:`ENV` is 1 there, as before
+    after). The environment is the process's: for a process whose other threads build
+    nothing meanwhile (a search worker between trials)."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
+def with_kernel_events(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) as :func:`kernel_events` sets it."""
+    return {**(os.environ if environ is None else environ), ENV: "1"}
+
+
 ROOT = "(root)"
+
+
 def node_layers(program: Any) -> dict[str, str | None]:
     """Each computing FX node of an exported program, in graph order -> the innermost module
     it was traced in; None for nodes no module call made and for the quantize and dequantize

@@ -26,6 +26,7 @@ from torch import nn
 from compiler import _backend, _buckets, _dynamic, _fusion, _kernels, _layout, _quant  # noqa: F401
 from compiler._errors import ArtifactUnavailable, BuildError, CompilerError
 from compiler._registry import BuildContext, BuildReport, Example, analysis_for, transform_for
+from compiler._kernel_map import kernel_events, with_kernel_events
 from compiler.cache import CacheKey, CompileCache, cache_key, incompatible
 from compiler.recipe import Recipe
 
@@ -104,7 +105,7 @@ def build(
     ctx.state["original"] = model  # a packaged variant serves other shapes with it
     try:
         with torch.no_grad(), (cache.inductor_dir() if cache is not None else contextlib.nullcontext()):
-            loaded = cache.load(key) if cache is not None and key is not None else None
+            loaded = cache.load(key.for_graph()) if cache is not None and key is not None else None
             if loaded is not None:
                 module, meta = loaded
                 _restore(ctx, meta)
@@ -124,7 +125,7 @@ def build(
                 part = getattr(recipe, name)
                 module = transform_for(part)(module, part, ctx)
                 if name == "quantization" and cache is not None and key is not None:
-                    _save(cache, key, module, ctx)
+                    _save(cache, key.for_graph(), module, ctx)
         report.build_s = time.perf_counter() - started
         variant = BuiltVariant(module=module, recipe=recipe, report=report)
         if cache is not None and key is not None:
@@ -141,8 +142,31 @@ def build(
     return variant
 
 
+def build_profiling_twin(
+    model: nn.Module,
+    recipe: Recipe,
+    *,
+    calibration: Sequence[Example] = (),
+    example: Example | None = None,
+    cache: CompileCache,
+) -> BuiltVariant | None:
+    """``recipe``'s variant built again with kernel events (``compiler._kernel_map``), stored
+    as an artifact of its own (``twin.artifact``; load it with ``load_artifact(...,
+    profiled=True)``). A live profiler runs the twin on sampled calls only, so the variant's
+    per-layer rows cost its other calls nothing (kernel events cost every call of a package
+    carrying them, 3% of MiniLM's). Starts from the quantized graph the variant's build saved
+    (same calibration: the same graph). None when the variant is not made of AOTInductor
+    packages (eager modules are seen by hooks; ONNX Runtime and OpenVINO by nothing yet) or
+    when its kernels could not be mapped to layers."""
+    if recipe.backend.kind != "inductor":
+        return None
+    with kernel_events():
+        twin = build(model, recipe, calibration=calibration, example=example, cache=cache)
+    return twin if twin.kernel_layers is not None and twin.artifact is not None else None
+
+
 def load_artifact(
-    model: nn.Module, recipe: Recipe, digest: str, *, cache: CompileCache
+    model: nn.Module, recipe: Recipe, digest: str, *, cache: CompileCache, profiled: bool = False
 ) -> BuiltVariant:
     """The variant stored in ``cache``'s artifacts as ``digest``, loaded without compiling.
 
@@ -151,8 +175,10 @@ def load_artifact(
     this process: every file's checksum, the graph, the recipe, the device, the library
     versions and the code-generation environment are checked; the calibration may differ.
     Raises :class:`ArtifactUnavailable` saying what is missing, corrupt or incompatible, so
-    the caller can :func:`build` instead."""
-    return _load_artifact(model, recipe, digest, cache, cache_key(model, recipe))
+    the caller can :func:`build` instead. ``profiled``: the artifact is a profiling twin
+    (:func:`build_profiling_twin`), built with kernel events where this process has none."""
+    environ = with_kernel_events() if profiled else None
+    return _load_artifact(model, recipe, digest, cache, cache_key(model, recipe, environ=environ))
 
 
 def _load_artifact(

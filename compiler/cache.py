@@ -69,6 +69,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from compiler._errors import ArtifactUnavailable, UnsafeFolderError
+from compiler._kernel_map import ENV as KERNEL_ENV
 from compiler._registry import Example
 from compiler.fingerprint import fingerprint
 from compiler.hardware import probe
@@ -76,7 +77,7 @@ from compiler.private import private_dir
 from compiler.recipe import Recipe
 
 ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_", "TRITON_", "DNNL_", "ONEDNN_")
-ENV_NAMES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PGC_KERNEL_PROFILE")
+ENV_NAMES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", KERNEL_ENV)
 ENV_IGNORED = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE_DIR")
 
 
@@ -135,6 +136,11 @@ class CacheKey:
     @property
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    def for_graph(self) -> CacheKey:
+        """The key of the saved quantized graph: kernel events change the code generated
+        from that graph, not the graph, so a profiling twin starts from its variant's."""
+        return dataclasses.replace(self, env=tuple(kv for kv in self.env if kv[0] != KERNEL_ENV))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -65,6 +65,10 @@ class Variant(Base):
     """Digest of the compiled artifact a search worker built for this recipe (an AOTInductor
     package or an ONNX model in the shared artifact folder): serving processes load it
     instead of compiling. None: nothing was built outside a serving process."""
+    profile_artifact: Mapped[str | None] = mapped_column(String(64))
+    """Digest of this variant's profiling twin (the same recipe built with kernel events,
+    ``compiler.build_profiling_twin``): serving processes run it on sampled calls, so the
+    compiled variant's calls are split over its layers. None: no twin (yet, or none possible)."""
 
 
 class Policy(Base):

@@ -482,8 +482,9 @@ function renderLayers(m, baseProfile, activeProfile) {
   } else if (active.recipe && active.recipe.backend && active.recipe.backend.kind !== "eager") {
     note =
       `The active variant (${active.label}) is compiled by ${active.recipe.backend.kind} and has no per-layer ` +
-      "numbers yet: its kernels are timed on sampled calls only (AOTInductor packages), and none was sampled " +
-      "so far. It is measured end to end: see Live latency. The bars show the fp32 base, whose hot layers " +
+      "numbers yet: its kernels are timed on sampled calls of its profiling twin (the same AOTInductor " +
+      "package with kernel events, built by the search worker for the variant it chose), and none was " +
+      "sampled so far. It is measured end to end: see Live latency. The bars show the fp32 base, whose hot layers " +
       "guided the search.";
   } else {
     note = `No per-layer samples of the active variant (${active.label}) yet; the bars show the fp32 base.`;

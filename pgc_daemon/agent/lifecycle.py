@@ -14,6 +14,7 @@ from pgc_daemon.agent.executor import Executor
 from pgc_daemon.agent.threadtune import ThreadTuner
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
+from pgc_daemon.agent.shapewatch import slot_misses
 from pgc_daemon.agent.swapper import Swapper
 from profiler import Profiler
 
@@ -36,6 +37,7 @@ class Lifecycle:
     fallbacks: int
     caller_errors: int
     retries: int
+    twin_failures: int
     _slot: Slot
     _failure: str | None
     _closed: bool = False
@@ -96,7 +98,9 @@ class Lifecycle:
             "calls": self.calls,
             "fallbacks": self.fallbacks,
             # calls the serving variant ran on the original model: shapes it was not built for
-            "shape_misses": getattr(slot.module, "shape_misses", 0),
+            "shape_misses": slot_misses(slot)[0] or 0,
+            "profile_twin": self.swapper.twins.state,
+            "twin_failures": self.twin_failures,
             "caller_errors": self.caller_errors,
             "retries": self.retries,
             "reservoir": len(self.registry.reservoir),

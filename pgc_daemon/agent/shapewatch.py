@@ -27,6 +27,20 @@ class _Seen:
     at: float
 
 
+def slot_misses(slot: Slot) -> tuple[int | None, dict[str, int]]:
+    """Calls the slot's module (and its profiling twin, which serves its sampled calls) ran
+    on the original model, and those calls per shape; None for a module that never does."""
+    total, shapes = None, {}
+    for module in (slot.module, slot.twin):
+        misses = getattr(module, "shape_misses", None)
+        if misses is None:
+            continue
+        total = (total or 0) + misses
+        for shape, n in getattr(module, "missed_shapes", {}).items():
+            shapes[shape] = shapes.get(shape, 0) + n
+    return total, shapes
+
+
 class ShapeMissWatch:
     """Writes a ``shape_miss`` event when the serving slot's module ran the original model
     for shapes it was not built for since the last event (or since it started serving)."""
@@ -38,7 +52,7 @@ class ShapeMissWatch:
     def check(self, slot: Slot, now: float | None = None) -> int:
         """Look at ``slot``; returns the misses reported now (0: none, or not yet due)."""
         module, vid, mid = slot.module, slot.variant_id, self._registry.model_id
-        misses = getattr(module, "shape_misses", None)
+        misses, missed_shapes = slot_misses(slot)
         if misses is None or vid is None or mid is None:
             return 0
         now = time.monotonic() if now is None else now
@@ -51,7 +65,7 @@ class ShapeMissWatch:
         new = misses - seen.misses
         if new <= 0 or now - seen.at < EVENT_EVERY_S:
             return 0
-        shapes = dict(sorted(getattr(module, "missed_shapes", {}).items(), key=lambda kv: -kv[1]))
+        shapes = dict(sorted(missed_shapes.items(), key=lambda kv: -kv[1]))
         named = "; ".join(f"{k} ({n})" for k, n in list(shapes.items())[:4])
         with self._registry.store().session() as s:
             st.repo.add_event(

@@ -20,7 +20,9 @@ class Slot:
 
     ``hookable``: per-layer hooks see its layers (eager modules). ``kernels``: for a compiled
     module, which layers each of its kernels computes (sampled calls are then split over
-    them, see ``profiler._compiled``). ``control``: set while this slot is a canary; then
+    them, see ``profiler._compiled``). ``twin``: the module's profiling twin (the same variant
+    built with kernel events, :mod:`~pgc_daemon.agent.twins`), which serves sampled calls
+    in its place; ``kernels`` is then the twin's. ``control``: set while this slot is a canary; then
     calls alternate, in blocks, between it and the control (what served before), so both are
     measured side by side on the same live traffic.
     """
@@ -32,6 +34,7 @@ class Slot:
     deployment_id: int | None = None
     control: Slot | None = None
     kernels: Any = None
+    twin: nn.Module | None = None
 
     @property
     def per_layer(self) -> bool:

@@ -54,6 +54,7 @@ from pgc_daemon.agent.runtime import in_short_thread, lower_priority, settle_hea
 from pgc_daemon.agent.slot import Slot
 from pgc_daemon.agent.variants import VERIFY_INPUTS, Variants
 from pgc_daemon.agent.shapewatch import ShapeMissWatch
+from pgc_daemon.agent.twins import TwinWatch
 from pgc_daemon.errors import DeployFailed, describe
 from pgc_daemon.policy import Policy
 from pgc_daemon.states import D
@@ -82,6 +83,7 @@ class Swapper:
         self.follower = Follower(served, self.variants, self.replica.name)
         self.reverts = Reverter(served)
         self.shape_misses = ShapeMissWatch(served.registry)
+        self.twins = TwinWatch(served, self.variants)
         self.busy = threading.Event()
         self.deployments_done = 0
         self._interrupted: dict[int, _Interrupted] = {}
@@ -141,6 +143,7 @@ class Swapper:
                         self.busy.clear()
                 self._follow()
                 self.shape_misses.check(served.slot)
+                self.twins.check()
                 backoff = reg.settings.poll_s
             except st.StoreError as exc:
                 log.warning("store unavailable (%s); serving continues, retrying", describe(exc))

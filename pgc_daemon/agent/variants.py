@@ -121,6 +121,18 @@ class Variants:
                 self.last_source = f"built here in {built.report.build_s:.1f}s (no artifact)"
         return built
 
+    def load_twin(self, recipe_data: dict[str, Any], digest: str) -> BuiltVariant:
+        """The profiling twin a worker built for a variant (:mod:`~pgc_daemon.agent.twins`),
+        loaded; never compiled here. Raises ``ArtifactUnavailable`` when it cannot be."""
+        from compiler import load_artifact  # noqa: PLC0415
+
+        started = time.thread_time()
+        try:
+            return load_artifact(self.served.base, Recipe.from_dict(recipe_data), digest,
+                                 cache=self.cache(), profiled=True)
+        finally:
+            self.build_cpu_s += time.thread_time() - started
+
     def warm_examples(self) -> list[Any]:
         """Live inputs to warm a variant up with, one per shape seen."""
         samples = self.served.registry.reservoir.snapshot()

@@ -38,6 +38,7 @@ from store.repo.models import (
     list_variants,
     put_policy,
     set_variant_artifact,
+    set_variant_profile_artifact,
     touch_model,
     upsert_model,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "save_reservoir",
     "save_sensitivity",
     "set_variant_artifact",
+    "set_variant_profile_artifact",
     "shape_histogram",
     "stale_deployments",
     "stop_replica",

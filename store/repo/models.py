@@ -86,6 +86,12 @@ def set_variant_artifact(s: Session, variant_id: int, digest: str | None) -> Non
     variant.artifact = digest
 
 
+def set_variant_profile_artifact(s: Session, variant_id: int, digest: str | None) -> None:
+    """Record the profiling twin a worker built for this variant (serving processes run it
+    on sampled calls)."""
+    get_variant(s, variant_id).profile_artifact = digest
+
+
 def get_variant(s: Session, variant_id: int) -> Variant:
     variant = s.get(Variant, variant_id)
     if variant is None:

@@ -40,6 +40,8 @@ class RealData:
     model: str
     deployed_variant_id: int
     study_name: str
+    profile_twin: bool
+    """Whether the deployed variant has a profiling twin (its compiled kernels have rows)."""
 
 
 def settings_for(root: Path) -> Settings:
@@ -88,16 +90,13 @@ def produce(root: Path) -> RealData:
     kept fp32, its fastest variant deployed through the API), roll it back and deploy it again
     through the API; return where the store is. One to three minutes on 2 cores."""
     root.mkdir(parents=True, exist_ok=True)
-    # packages with kernel events (the worker inherits it), so the compiled variant that ends
-    # up serving has per-layer rows; restored when done
-    before = os.environ.get("PGC_KERNEL_PROFILE")
-    os.environ["PGC_KERNEL_PROFILE"] = "1"
+    # packages as served by default (no kernel events): the compiled variant the search chose
+    # gets per-layer rows through the profiling twin its worker builds
+    before = os.environ.pop("PGC_KERNEL_PROFILE", None)
     try:
         return _produce(root)
     finally:
-        if before is None:
-            os.environ.pop("PGC_KERNEL_PROFILE", None)
-        else:
+        if before is not None:
             os.environ["PGC_KERNEL_PROFILE"] = before
 
 
@@ -146,12 +145,20 @@ def _produce(root: Path) -> RealData:
             assert r.status_code == 202, r.text
             wait_for(lambda: _active(store, model_id, "manual", back.id), timeout=300, every=0.3,
                      what="the redeployment")
+            with store.session() as s:
+                twinned = st.repo.get_variant(s, dep.variant_id).profile_artifact is not None
+            if twinned:  # sampled calls run the twin from the swapper's next look
+                wait_for(lambda: served.slot.twin is not None, timeout=60, what="the profiling twin")
             time.sleep(3.0)
         assert load.errors == [] and load.wrong == 0, (load.errors[:3], load.wrong)
         served.flush()
         with store.session() as s:
             run = st.repo.list_search_runs(s, model_id)[0]
             study = run.study_name
+            variant = st.repo.get_variant(s, dep.variant_id)
+            twin = variant.profile_artifact is not None
+            if dep.source == "search" and variant.recipe["backend"]["kind"] == "inductor":
+                assert twin, "the worker built no profiling twin of the variant it chose"
     finally:
         daemon.stop()
         served.close()
@@ -163,6 +170,7 @@ def _produce(root: Path) -> RealData:
         model=MODEL,
         deployed_variant_id=dep.variant_id,
         study_name=study,
+        profile_twin=twin,
     )
 
 
@@ -181,9 +189,11 @@ def reuse(src: Path, dst: Path) -> RealData:
             # the redeployment through the API (newest first): the variant deployed last
             dep = next(d for d in st.repo.list_deployments(s, model.id) if d.source == "manual")
             variant_id, study = dep.variant_id, run.study_name
+            twin = st.repo.get_variant(s, variant_id).profile_artifact is not None
     finally:
         store.close()
-    return RealData(dst, settings.store_url, settings.optuna_storage(), MODEL, variant_id, study)
+    return RealData(dst, settings.store_url, settings.optuna_storage(), MODEL, variant_id, study,
+                    twin)
 
 
 def main(argv: list[str]) -> int:

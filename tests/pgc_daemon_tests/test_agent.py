@@ -3,26 +3,30 @@ and rollbacks. Real models (digits MLP), a real SQLite store, real threads."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 import torch
 
 import store as st
-from compiler import Backend, Quantization, Recipe
+from compiler import Backend, CompileCache, Quantization, Recipe, build, build_profiling_twin
 from pgc_daemon import attach
 from pgc_daemon.settings import Settings
 from pgc_daemon.agent.slot import Slot
 
 from pgc_daemon.services.queries import profile_summary
 from profiler import ProfilerConfig
-from profiler._compiled import BETWEEN
+from profiler._compiled import BETWEEN, event_name
 
 from .helpers import Load, deploy, deployment_state, wait_for
 
 SPEC = "pgc_daemon.examples.digits:mlp"
-INT8 = Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}))
-INT8_COMPILED = Recipe(quantization=INT8.quantization, backend=Backend("inductor"))
+# an eager and a compiled variant: fp16, and fp32 through Inductor (int8 dynamic runs this model
+# 26x slower than fp32 eager, 17x compiled, on a CPU without VNNI, where a canary rolls it back
+# however tolerant; these tests are about swaps)
+EAGER = Recipe(quantization=Quantization.of({"_default": "fp16"}))
+COMPILED = Recipe(backend=Backend("inductor"))
 
 
 def _attach(spec: dict[str, Any], settings: Settings, profiler: Any = None, **policy: Any) -> Any:
@@ -103,10 +107,38 @@ def test_the_users_own_errors_are_not_hidden(mlp_spec: dict, settings: Settings)
         served.close()
 
 
+def _as_a_worker_builds(spec: dict, settings: Settings, store: st.Store, recipe: Recipe) -> None:
+    """What a search worker leaves for the variant it chose: its artifact (what serves) and
+    its profiling twin, recorded on the variant."""
+    cache = CompileCache(settings.compile_cache_path(), artifacts=settings.artifact_path())
+    calibration = [((x,), {}) for x in _inputs(spec)]
+    built = build(spec["model"], recipe, calibration=calibration, cache=cache)
+    twin = build_profiling_twin(spec["model"], recipe, calibration=calibration, cache=cache)
+    assert built.artifact and twin is not None and twin.artifact
+    with store.session() as s:
+        m = st.repo.get_model(s, "mlp")
+        v = st.repo.get_or_create_variant(s, m.id, recipe.hash, recipe.to_dict(), recipe.label())
+        st.repo.set_variant_artifact(s, v.id, built.artifact)
+        st.repo.set_variant_profile_artifact(s, v.id, twin.artifact)
+
+
+def _kernel_events(module: torch.nn.Module, x: torch.Tensor) -> set[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as trace:
+        module(x)
+    return {event_name(e.name) for e in trace.events()}
+
+
+class _Broken(torch.nn.Module):
+    def forward(self, *args: Any) -> Any:
+        raise RuntimeError("a twin that fails")
+
+
 def test_a_swap_under_concurrent_load_serves_every_request_correctly(
     mlp_spec: dict, settings: Settings, store: st.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PGC_KERNEL_PROFILE", "1")  # compiled variants attributable per layer
+    monkeypatch.delenv("PGC_KERNEL_PROFILE", raising=False)  # as served by default
     # torchao's eager int8 is slower than fp32 on a model this small; the canary would
     # (rightly) roll it back. This test is about correctness across swaps, so allow it.
     # a fixed sampling rate: on a model this small the budget would sample almost nothing
@@ -115,7 +147,9 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
     try:
         with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=4) as load:
             wait_for(lambda: load.calls > 50, what="traffic")
-            for recipe in (INT8, Recipe(), INT8_COMPILED):
+            for recipe in (EAGER, Recipe(), COMPILED):
+                if recipe is COMPILED:
+                    _as_a_worker_builds(mlp_spec, settings, store, recipe)
                 dep = deploy(store, "mlp", recipe)
                 wait_for(lambda: deployment_state(store, dep) in ("active", "failed", "rolled_back"),
                          timeout=120, what=f"deployment of {recipe.label()}")
@@ -135,8 +169,15 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
                 "candidate", "building", "warming", "verifying", "canary", "active"
             ]
             assert last.live_fidelity is not None and last.live_fidelity > 0.9
-        assert served.slot.label == INT8_COMPILED.label()
-        # the compiled variant's sampled calls are split over the layers its kernels fuse
+        assert served.slot.label == COMPILED.label()
+        assert served.swapper.variants.loads >= 1  # the worker's artifact: nothing compiled
+        # what serves carries no kernel events; the twin the worker built is loaded beside it
+        # and serves the sampled calls, which are split over the layers its kernels fuse
+        wait_for(lambda: served.slot.twin is not None, timeout=30, what="the profiling twin")
+        kernels = set(served.slot.kernels)
+        assert kernels <= _kernel_events(served.slot.twin, _inputs(mlp_spec)[0])
+        assert not kernels & _kernel_events(served.slot.module, _inputs(mlp_spec)[0])
+        assert served.status()["profile_twin"].startswith("loaded")
         for x in _inputs(mlp_spec) * 50:
             served(x)
         served.flush()
@@ -164,14 +205,26 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
                 return st.repo.list_events(s, served.model_id, kind="shape_miss")
 
         (event,) = wait_for(warned, timeout=30, what="the shape-miss event")
-        assert event.level == "warning" and event.data["calls"] == 7
+        # the swapper looks every poll: it may have seen some of the 7 calls so far
+        n = event.data["calls"]
+        assert event.level == "warning" and 1 <= n <= 7 and event.data["total"] == n
         assert event.data["variant_id"] == served.slot.variant_id
         shape = "x".join(map(str, odd.shape))  # e.g. 5x1x8x8
-        assert event.data["shapes"] == {shape: 7} and f"{shape} (7)" in event.message
+        assert event.data["shapes"] == {shape: n} and f"{shape} ({n})" in event.message
         from pgc_daemon.api.metrics import StoreCollector
 
         (family,) = [m for m in StoreCollector(store, ttl_s=0).collect() if m.name == "pgc_shape_miss_warnings"]
         assert [x.value for x in family.samples if x.name.endswith("_total")] == [1.0]
+
+        # a twin that fails a sampled call: the variant serves that call (no fallback to
+        # fp32, no error), and the twin is taken off
+        fallbacks, failures = served.fallbacks, served.twin_failures
+        served.swap(dataclasses.replace(served.slot, twin=_Broken()))
+        for x in _inputs(mlp_spec) * 10:
+            assert torch.equal(served(x).argmax(-1), mlp_spec["model"](x).argmax(-1))
+        assert served.twin_failures > failures and served.fallbacks == fallbacks
+        wait_for(lambda: served.slot.twin is None, timeout=30, what="the failed twin taken off")
+        assert served.status()["profile_twin"].startswith("dropped")
     finally:
         served.close()
 
@@ -239,14 +292,14 @@ def test_a_restarted_agent_serves_the_active_variant_again(mlp_spec: dict, setti
     served = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
     try:
         with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=2):
-            dep = deploy(store, "mlp", INT8)
+            dep = deploy(store, "mlp", EAGER)
             wait_for(lambda: deployment_state(store, dep) == "active", timeout=60)
     finally:
         served.close()
     again = _attach(mlp_spec, settings, canary_latency_tolerance=10.0)
     try:
         with Load(again, mlp_spec["model"], _inputs(mlp_spec), threads=2) as load:
-            wait_for(lambda: again.slot.label == INT8.label(), timeout=60, what="the variant served again")
+            wait_for(lambda: again.slot.label == EAGER.label(), timeout=60, what="the variant served again")
         assert not again.slot.canary and not load.errors
         with store.session() as s:
             # the decision stands: the same deployment is active, nothing superseded it

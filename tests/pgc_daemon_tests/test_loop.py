@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: Settings, store: st.Store) -> None:
-    policy = {"max_trials": 4, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
+    # three trials: the baselines a first deployment comes from (the fourth, int8 dynamic through
+    # Inductor, builds for 130 s on a CPU without VNNI)
+    policy = {"max_trials": 3, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
     served = attach(mlp_spec["model"], name="mlp", spec="pgc_daemon.examples.digits:mlp",
                     settings=settings, policy=policy)
     daemon = Daemon(settings, store)
@@ -61,7 +63,7 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
             model = st.repo.get_model(s, "mlp")
             assert st.repo.layer_profile(s, model.id), "per-layer stats in the store"
             trials = st.repo.list_trials(s, model.id)
-            assert 1 <= len(trials) <= 4
+            assert 1 <= len(trials) <= 3
             assert all(t.params for t in trials)
             assert any(t.state == "complete" and t.feasible for t in trials)
             run = st.repo.list_search_runs(s, model.id)[0]
@@ -72,6 +74,12 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
             lost = [d for d in st.repo.list_deployments(s, model.id)
                     if d.variant_id == run.chosen_variant_id and d.state == "rolled_back"]
             assert run.chosen_variant_id == dep.variant_id or kept or lost, (run.message, dep.reason)
+            # a compiled choice gets its profiling twin, built by the worker after the run
+            chosen = st.repo.get_variant(s, run.chosen_variant_id)
+            if chosen.recipe["backend"]["kind"] == "inductor":
+                assert chosen.profile_artifact is not None
+                (event,) = st.repo.list_events(s, model.id, kind="profile_twin")
+                assert event.data["artifact"] == chosen.profile_artifact
             full = st.repo.get_deployment(s, dep.id)
             assert [t.to_state for t in full.transitions] == [
                 "candidate", "building", "warming", "verifying", "canary", "active"

@@ -12,8 +12,20 @@ import pytest
 import torch
 from torch import nn
 
-from compiler import Backend, CompileCache, Quantization, Recipe, build, load_artifact
+import os
+
+from compiler import (
+    ArtifactUnavailable,
+    Backend,
+    CompileCache,
+    Quantization,
+    Recipe,
+    build,
+    build_profiling_twin,
+    load_artifact,
+)
 from compiler._kernel_map import ENV
+from profiler._compiled import event_name
 from profiler import Profiler, ProfilerConfig
 from profiler._compiled import BETWEEN
 
@@ -41,29 +53,70 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[nn.Modul
         yield _build(tmp_path_factory)
 
 
-def test_without_the_switch_a_package_has_no_kernel_map(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
-    v = build(Net().eval(), Recipe(backend=Backend("inductor")),
-              example=((torch.randn(8, 512),), {}), cache=CompileCache(tmp_path))
-    assert v.report.compiled and v.kernel_layers is None and not v.hookable
+def _kernel_events(module: nn.Module, x: torch.Tensor) -> set[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as trace:
+        module(x)
+    return {event_name(e.name) for e in trace.events()}
 
 
-def test_the_quantize_ops_pt2e_inserts_count_for_no_layer(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """int8 static (pt2e) puts quantize/dequantize ops in the root's module stack; they must
-    not make the root a layer of every int8 linear."""
+@pytest.fixture(scope="module")
+def mlp_and_twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, ...]]:
+    """The digits MLP in int8 static (pt2e) through Inductor, built as it serves (no kernel
+    events), and its profiling twin."""
     from pgc_daemon.examples import digits
 
-    monkeypatch.setenv(ENV, "1")
-    spec = digits.mlp()  # flatten, then three linears with ReLUs between them
-    recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}),
-                    backend=Backend("inductor"))
-    examples = [(tuple(ex), {}) for ex in spec["example_inputs"][:4]]
-    v = build(spec["model"], recipe, calibration=examples, cache=CompileCache(tmp_path))
-    calls = [layers for kernel_calls in v.kernel_layers.values() for layers in kernel_calls]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(ENV, raising=False)
+        spec = digits.mlp()  # flatten, then three linears with ReLUs between them
+        recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}),
+                        backend=Backend("inductor"))
+        examples = [(tuple(ex), {}) for ex in spec["example_inputs"][:4]]
+        folder = tmp_path_factory.mktemp("cache")
+        cache = CompileCache(folder)
+        v = build(spec["model"], recipe, calibration=examples, cache=cache)
+        twin = build_profiling_twin(spec["model"], recipe, calibration=examples, cache=cache)
+        assert ENV not in os.environ  # the switch is put back
+        yield spec["model"], recipe, examples, folder, v, twin
+
+
+def test_the_quantize_ops_pt2e_inserts_count_for_no_layer(mlp_and_twin) -> None:
+    """int8 static (pt2e) puts quantize/dequantize ops in the root's module stack; they must
+    not make the root a layer of every int8 linear."""
+    twin = mlp_and_twin[-1]
+    calls = [layers for kernel_calls in twin.kernel_layers.values() for layers in kernel_calls]
     linears = [layers for layers in calls if {"net.1", "net.3", "net.5"} & set(layers)]
     assert len(linears) >= 3 and all("(root)" not in layers for layers in linears), calls
+
+
+def test_a_profiling_twin_is_the_variant_with_kernel_events_and_an_artifact_of_its_own(
+    mlp_and_twin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What serves has no kernel events (they cost every call); its twin has them, is built
+    from the quantized graph the variant's build saved, and loads only as a twin."""
+    model, recipe, examples, folder, v, twin = mlp_and_twin
+    monkeypatch.delenv(ENV, raising=False)
+    assert v.report.compiled and not v.hookable
+    assert v.kernel_layers is None and v.artifact is not None  # no kernel map without events
+    assert twin is not None and twin.artifact is not None and twin.artifact != v.artifact
+    assert any("quantized graph loaded from disk" in n for n in twin.report.notes)
+
+    other = CompileCache(folder)  # another process: loads, compiles nothing
+    loaded = load_artifact(model, recipe, twin.artifact, cache=other, profiled=True)
+    assert loaded.kernel_layers == twin.kernel_layers
+    x = examples[0][0][0]
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.module(x), v.module(x))
+    assert set(loaded.kernel_layers) <= _kernel_events(loaded.module, x)
+    assert not set(loaded.kernel_layers) & _kernel_events(v.module, x)
+    with pytest.raises(ArtifactUnavailable, match="env differs"):
+        load_artifact(model, recipe, twin.artifact, cache=other)  # not as the variant itself
+    with pytest.raises(ArtifactUnavailable, match="env differs"):
+        load_artifact(model, recipe, v.artifact, cache=other, profiled=True)
+    # an eager variant is seen by hooks: no twin
+    assert build_profiling_twin(model, Recipe(quantization=recipe.quantization),
+                                calibration=examples, cache=CompileCache(folder)) is None
 
 
 def _build(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, Path]:

@@ -49,6 +49,7 @@ from pgc_daemon.optimizer.search.prepare import (
 from pgc_daemon.optimizer.search.progressive import Progressive
 from pgc_daemon.optimizer.search.study import SearchResult, TrialRecord
 from pgc_daemon.optimizer.search.trial import ServingThreads
+from pgc_daemon.optimizer.search.twin import build_twin
 from pgc_daemon.settings import Settings
 from pgc_daemon.services.queries import busy_intervals
 
@@ -266,6 +267,8 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     finally:
         progressive.stop()
     finish_run(store, model.id, run_id, result, policy, progressive)
+    if result.feasible:  # after the run ended: the twin never delays a deployment
+        build_twin(store, model.id, search, result.chosen)
     return result
 
 

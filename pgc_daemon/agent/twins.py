@@ -1,0 +1,126 @@
+"""Per-layer rows of the compiled variant that serves: its profiling twin.
+
+Hooks cannot see inside a compiled variant; kernel events can, at a cost to every call of a
+package that carries them (``compiler._kernel_map``). So the serving package has none, and a
+worker builds its *twin* (the same recipe with kernel events, recorded on the variant as
+``profile_artifact``: :mod:`pgc_daemon.optimizer.search.twin`). The swapper's thread looks
+each turn (the store at most every :data:`POLL_S`) for the twin of the variant that serves,
+loads it (never compiles it), warms it, checks that it computes what the variant computes,
+and puts it on the slot: sampled calls then run the twin under the profiler and are split
+over the layers its kernels compute; every other call runs the variant as before. A twin
+that fails a call is taken off (the call itself is served by the variant, see
+:mod:`~pgc_daemon.agent.served`) and not loaded again for that variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+import store as st
+from compiler import compare
+from pgc_daemon.agent.contract import Served
+from pgc_daemon.agent.runtime import in_short_thread
+from pgc_daemon.agent.slot import Slot
+from pgc_daemon.agent.variants import Variants
+from pgc_daemon.errors import describe
+
+log = logging.getLogger("pgc.swapper")
+
+#: seconds between two looks in the store for the serving variant's twin
+POLL_S = 5.0
+#: the least cosine between the twin's outputs and the variant's on the same live inputs
+#: (the same graph, the same kernels: only the events differ)
+MIN_COSINE = 0.9999
+
+
+class TwinWatch:
+    """Gives the serving compiled variant its profiling twin once a worker built one."""
+
+    def __init__(self, served: Served, variants: Variants) -> None:
+        self._served = served
+        self._variants = variants
+        self._next_at = 0.0
+        self._tried: set[tuple[int, str]] = set()  # (variant, twin digest) loaded or refused
+        self._loaded: dict[int, tuple[torch.nn.Module, object]] = {}  # variant -> (twin, kernels)
+        self._failures = 0
+        #: what the last look found, for the agent's status
+        self.state = "none"
+
+    def check(self, now: float | None = None) -> bool:
+        """Look at the serving slot; returns whether a twin was put on it now."""
+        served = self._served
+        slot = served.slot
+        if served.twin_failures != self._failures:
+            self._failures = served.twin_failures
+            self._drop(slot)
+            return False
+        if slot.control is not None or slot.hookable or slot.variant_id is None:
+            return False
+        if slot.twin is not None or slot.kernels is not None:
+            return False  # a twin already, or a package that carries kernel events itself
+        kept = self._loaded.get(slot.variant_id)
+        if kept is not None:  # the slot came back without it (a rollback, the demo's A/B)
+            return self._put(slot, *kept)
+        now = time.monotonic() if now is None else now
+        if now < self._next_at:
+            return False
+        self._next_at = now + POLL_S
+        with served.registry.store().session() as s:
+            variant = st.repo.get_variant(s, slot.variant_id)
+            recipe, digest = variant.recipe, variant.profile_artifact
+        if digest is None or (slot.variant_id, digest) in self._tried:
+            return False
+        self._tried.add((slot.variant_id, digest))
+        try:
+            twin = in_short_thread(self._variants.load_twin, recipe, digest)
+            if twin.kernel_layers is None:
+                raise ValueError("the twin's kernels are not mapped to layers")
+            in_short_thread(self._check_outputs, slot.module, twin.module)
+        except Exception as exc:  # noqa: BLE001 - the variant serves all the same
+            self.state = f"not loaded: {describe(exc)}"
+            log.warning("profiling twin of %s not used: %s", slot.label, describe(exc))
+            return False
+        self._loaded[slot.variant_id] = (twin.module, twin.kernel_layers)
+        return self._put(slot, twin.module, twin.kernel_layers)
+
+    def _check_outputs(self, module: torch.nn.Module, twin: torch.nn.Module) -> None:
+        """Warm the twin on live inputs (one per shape) and check it computes what the
+        variant computes on them."""
+        with torch.inference_mode():
+            for args, kwargs in self._variants.warm_examples():
+                got, want = twin(*args, **kwargs), module(*args, **kwargs)
+                cosine = compare(want, got)["cosine"]
+                if not cosine >= MIN_COSINE:
+                    raise ValueError(f"its outputs differ from the variant's (cosine {cosine:.6f})")
+
+    def _put(self, slot: Slot, twin: torch.nn.Module, kernels: object) -> bool:
+        served = self._served
+        if served.slot is not slot:
+            return False
+        served.swap(dataclasses.replace(slot, twin=twin, kernels=kernels))
+        self.state = f"loaded for variant {slot.variant_id}"
+        log.info("profiling twin of %s loaded: sampled calls are split over its layers", slot.label)
+        return True
+
+    def _drop(self, slot: Slot) -> None:
+        """A twin failed a call: the serving slot's (or its canary control's) is taken off,
+        and not loaded again for that variant."""
+        control = slot.control
+        if slot.twin is not None:
+            new = dataclasses.replace(slot, twin=None, kernels=None)
+        elif control is not None and control.twin is not None:
+            plain = dataclasses.replace(control, twin=None, kernels=None)
+            new = dataclasses.replace(slot, control=plain)
+        else:
+            return
+        failed = slot if slot.twin is not None else control
+        assert failed is not None
+        self._loaded.pop(failed.variant_id or 0, None)
+        self.state = "dropped: it failed a call (served by the variant)"
+        if self._served.slot is slot:
+            self._served.swap(new)
+        log.warning("profiling twin of %s failed a call; taken off", failed.label)
