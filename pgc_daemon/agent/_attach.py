@@ -80,11 +80,12 @@ def attach(
         settings=settings, policy=policy, metric=metric, store=opened,
     )
     config = profiler or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s)
-    if kernel_profiling() and threading.current_thread() is threading.main_thread():
+    if (spec or kernel_profiling()) and threading.current_thread() is threading.main_thread():
         # kineto prints an error when its first trace in the process runs on another thread
-        # than the one that imported torch (usually this one); compiled variants' sampled
-        # calls are traced on serving threads, so the first trace is taken here (only when
-        # packages carry kernel events: nothing to trace otherwise)
+        # than the one that imported torch (usually this one), and that first trace takes
+        # 2-2.5 CPU seconds; compiled variants' sampled calls are traced on serving threads
+        # (their profiling twins, or packages built with kernel events), so the first trace
+        # is taken here, once per process, for a model pgc can search
         kernel_trace_cost()
     options = {"max_batch": max_batch, "max_delay_ms": max_delay_ms} if executor else None
     return ServedModel(registry, config, options).start()
