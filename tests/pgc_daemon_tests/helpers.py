@@ -36,7 +36,10 @@ def deploy(store: st.Store, model: str, recipe: Any, source: str = "manual") -> 
 
 class Load:
     """Threads calling ``served`` on real inputs and checking every answer against the fp32
-    model (top-1 must agree), until stopped."""
+    model (top-1 must agree), until stopped. Each thread waits as long as its last call took
+    before the next (at least 1 ms): busy half the time, like a served model with headroom,
+    so that a search worker beside it (at a lower priority) gets a core; called back to back,
+    two threads starved it, and one Inductor build took 130 s instead of 33."""
 
     def __init__(self, served: Any, reference: torch.nn.Module, inputs: list[torch.Tensor], threads: int = 4) -> None:
         self.served = served
@@ -54,6 +57,7 @@ class Load:
         i = seed
         while not self.stop.is_set():
             x = self.inputs[i % len(self.inputs)]
+            started = time.perf_counter()
             try:
                 out = self.served(x)
                 agree = (out.argmax(-1) == self.expected[i % len(self.inputs)]).float().mean().item()
@@ -65,7 +69,7 @@ class Load:
                 with self._lock:
                     self.errors.append(exc)
             i += 1
-            time.sleep(0.001)
+            self.stop.wait(max(0.001, time.perf_counter() - started))
 
     def __enter__(self) -> Load:
         for t in self.threads:
