@@ -295,6 +295,14 @@ def test_minilm_static_int8_package_uses_onednn_int8_and_is_faster_than_fp32(tmp
     cal = [(minilm.encode([texts[i]]), {}) for i in range(8)]
     recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}), backend=Backend("inductor"))
     v = build(model, recipe, calibration=cal, cache=CompileCache(tmp_path))
+    if not probe().int8_fast:
+        # without VNNI the package's int8 differs from the graph it was compiled from
+        # (relative error 0.18 on an AVX2-only EPYC): it is refused, the build says why and
+        # compiles with torch.compile instead, and no artifact is kept (README: Limits)
+        assert not isinstance(v.module, AotiModule) and v.artifact is None
+        assert any("outputs differ from the module's" in n for n in v.report.notes), v.report.notes
+        assert "oneDNN int8 linear x36" in v.report.kernel_paths["<compiled>"]
+        return
     assert isinstance(v.module, AotiModule) and v.artifact is not None
     assert "oneDNN int8 linear x36" in v.report.kernel_paths["<compiled>"]
     loaded = load_artifact(model, recipe, v.artifact, cache=CompileCache(tmp_path))
