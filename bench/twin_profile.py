@@ -161,7 +161,7 @@ def main() -> int:
         "layers": len(active.get("layers", [])), "layer_sum_ms": rows_ms, "live_ms": live_ms,
         "sum_over_live": ratio, "within_target": ratio is not None and abs(ratio - 1) <= TARGET,
         "failed_requests": len(failures), "calls": served.calls,
-        "twin_failures": served.twin_failures, "isa": cpu_isa(),
+        "isa": cpu_isa(),
     }
     top = sorted(active.get("layers", []), key=lambda r: -r["mean_ms"])[:6]
     log(f"\nCPU: {result['isa']['cpu']}; ISA: {' '.join(result['isa']['flags'])}")

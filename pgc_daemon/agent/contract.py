@@ -46,11 +46,6 @@ class Served(Protocol):
     def live(self) -> LiveRecord: ...
 
     @property
-    def twin_failures(self) -> int:
-        """Sampled calls whose profiling twin failed (:mod:`~pgc_daemon.agent.twins`)."""
-        ...
-
-    @property
     def profiler(self) -> Profiler:
         """Only ``paused()`` is used: no per-layer hooks while a deployment runs."""
         ...

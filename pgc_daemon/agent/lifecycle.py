@@ -37,7 +37,6 @@ class Lifecycle:
     fallbacks: int
     caller_errors: int
     retries: int
-    twin_failures: int
     _slot: Slot
     _failure: str | None
     _closed: bool = False
@@ -100,7 +99,6 @@ class Lifecycle:
             # calls the serving variant ran on the original model: shapes it was not built for
             "shape_misses": slot_misses(slot)[0] or 0,
             "profile_twin": self.swapper.twins.state,
-            "twin_failures": self.twin_failures,
             "caller_errors": self.caller_errors,
             "retries": self.retries,
             "reservoir": len(self.registry.reservoir),

@@ -9,9 +9,6 @@
   the swapper reverts the variant or fails its canary). When the base raises too, the input
   was bad: the caller gets the base's exception, unchanged (a *caller error*), and the
   variant keeps serving; an exception from the user's own module is re-raised unchanged;
-- a sampled call of a compiled variant that has a profiling twin runs the twin (the same
-  variant with kernel events, :mod:`~pgc_daemon.agent.twins`); a twin that fails hands the
-  call to the variant;
 - the profiler's steps are inline (an unsampled call runs none of its Python: see
   ``profiler._profiler``). Everything slow runs on background threads. With an
   :class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference
@@ -53,8 +50,6 @@ class ServedModel(Lifecycle):
         self._slot = Slot(self.base, None, BASE_LABEL, hookable=True)
         self.live = LiveRecord()
         self.calls = self.fallbacks = self.retries = self.caller_errors = 0
-        #: sampled calls whose profiling twin failed (each served by the variant itself)
-        self.twin_failures = 0
         self.last_variant_error: str | None = None
         self._failure: str | None = None
         self._ab_calls = 0
@@ -91,10 +86,8 @@ class ServedModel(Lifecycle):
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None
-        # a sampled call of a compiled variant runs its profiling twin (kernel events)
-        module = slot.module if token is None or slot.twin is None else slot.twin
-        fallback = False
-        t0 = _perf_ns()
+        module = slot.module if token is None or slot.twin is None else slot.twin  # see twins
+        fallback, t0 = False, _perf_ns()
         try:
             with torch.inference_mode():
                 out = module(*args, **kwargs)
@@ -103,14 +96,9 @@ class ServedModel(Lifecycle):
                 prof.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
                 token = None
             try:
-                if module is not slot.module:  # the twin failed: the variant serves the call
-                    self.twin_failures += 1
-                    with torch.inference_mode():
-                        out = slot.module(*args, **kwargs)
-                elif not traced_while_serving(exc):
+                if not traced_while_serving(exc):
                     raise
-                else:
-                    out = self._after_tracing(slot.module, args, kwargs)
+                out = self._after_tracing(slot.module, args, kwargs)
             except Exception as again:
                 if slot.module is self.base:
                     self.caller_errors += 1

@@ -6,10 +6,10 @@ worker builds its *twin* (the same recipe with kernel events, recorded on the va
 ``profile_artifact``: :mod:`pgc_daemon.optimizer.search.twin`). The swapper's thread looks
 each turn (the store at most every :data:`POLL_S`) for the twin of the variant that serves,
 loads it (never compiles it), warms it, checks that it computes what the variant computes,
-and puts it on the slot: sampled calls then run the twin under the profiler and are split
-over the layers its kernels compute; every other call runs the variant as before. A twin
-that fails a call is taken off (the call itself is served by the variant, see
-:mod:`~pgc_daemon.agent.served`) and not loaded again for that variant.
+and puts it on the slot, wrapped in a :class:`GuardedTwin`: sampled calls then run the twin
+under the profiler and are split over the layers its kernels compute; every other call runs
+the variant as before. A call the twin fails is served by the variant; the twin is then
+taken off and not loaded again for that variant.
 """
 
 from __future__ import annotations
@@ -37,6 +37,29 @@ POLL_S = 5.0
 MIN_COSINE = 0.9999
 
 
+class GuardedTwin:
+    """A profiling twin as the request path calls it: a call the twin fails is served by the
+    variant instead (and counted), never raised. Its shape misses are the twin's."""
+
+    def __init__(self, twin: torch.nn.Module, variant: torch.nn.Module) -> None:
+        self.twin, self.variant, self.failures = twin, variant, 0
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        try:
+            return self.twin(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the variant serves the call
+            self.failures += 1
+            return self.variant(*args, **kwargs)
+
+    @property
+    def shape_misses(self) -> int | None:
+        return getattr(self.twin, "shape_misses", None)
+
+    @property
+    def missed_shapes(self) -> dict[str, int]:
+        return getattr(self.twin, "missed_shapes", {})
+
+
 class TwinWatch:
     """Gives the serving compiled variant its profiling twin once a worker built one."""
 
@@ -46,7 +69,6 @@ class TwinWatch:
         self._next_at = 0.0
         self._tried: set[tuple[int, str]] = set()  # (variant, twin digest) loaded or refused
         self._loaded: dict[int, tuple[torch.nn.Module, object]] = {}  # variant -> (twin, kernels)
-        self._failures = 0
         #: what the last look found, for the agent's status
         self.state = "none"
 
@@ -54,8 +76,7 @@ class TwinWatch:
         """Look at the serving slot; returns whether a twin was put on it now."""
         served = self._served
         slot = served.slot
-        if served.twin_failures != self._failures:
-            self._failures = served.twin_failures
+        if any(getattr(s.twin, "failures", 0) for s in (slot, slot.control) if s is not None):
             self._drop(slot)
             return False
         if slot.control is not None or slot.hookable or slot.variant_id is None:
@@ -101,7 +122,7 @@ class TwinWatch:
         served = self._served
         if served.slot is not slot:
             return False
-        served.swap(dataclasses.replace(slot, twin=twin, kernels=kernels))
+        served.swap(dataclasses.replace(slot, twin=GuardedTwin(twin, slot.module), kernels=kernels))
         self.state = f"loaded for variant {slot.variant_id}"
         log.info("profiling twin of %s loaded: sampled calls are split over its layers", slot.label)
         return True
@@ -110,14 +131,14 @@ class TwinWatch:
         """A twin failed a call: the serving slot's (or its canary control's) is taken off,
         and not loaded again for that variant."""
         control = slot.control
-        if slot.twin is not None:
+        if getattr(slot.twin, "failures", 0):
             new = dataclasses.replace(slot, twin=None, kernels=None)
         elif control is not None and control.twin is not None:
             plain = dataclasses.replace(control, twin=None, kernels=None)
             new = dataclasses.replace(slot, control=plain)
         else:
             return
-        failed = slot if slot.twin is not None else control
+        failed = slot if getattr(slot.twin, "failures", 0) else control
         assert failed is not None
         self._loaded.pop(failed.variant_id or 0, None)
         self.state = "dropped: it failed a call (served by the variant)"

@@ -14,6 +14,7 @@ from compiler import Backend, CompileCache, Quantization, Recipe, build, build_p
 from pgc_daemon import attach
 from pgc_daemon.settings import Settings
 from pgc_daemon.agent.slot import Slot
+from pgc_daemon.agent.twins import GuardedTwin
 
 from pgc_daemon.services.queries import profile_summary
 from profiler import ProfilerConfig
@@ -175,7 +176,7 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         # and serves the sampled calls, which are split over the layers its kernels fuse
         wait_for(lambda: served.slot.twin is not None, timeout=30, what="the profiling twin")
         kernels = set(served.slot.kernels)
-        assert kernels <= _kernel_events(served.slot.twin, _inputs(mlp_spec)[0])
+        assert kernels <= _kernel_events(served.slot.twin.twin, _inputs(mlp_spec)[0])
         assert not kernels & _kernel_events(served.slot.module, _inputs(mlp_spec)[0])
         assert served.status()["profile_twin"].startswith("loaded")
         for x in _inputs(mlp_spec) * 50:
@@ -218,11 +219,12 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
 
         # a twin that fails a sampled call: the variant serves that call (no fallback to
         # fp32, no error), and the twin is taken off
-        fallbacks, failures = served.fallbacks, served.twin_failures
-        served.swap(dataclasses.replace(served.slot, twin=_Broken()))
+        fallbacks = served.fallbacks
+        broken = GuardedTwin(_Broken(), served.slot.module)  # as the watch wraps every twin
+        served.swap(dataclasses.replace(served.slot, twin=broken))
         for x in _inputs(mlp_spec) * 10:
             assert torch.equal(served(x).argmax(-1), mlp_spec["model"](x).argmax(-1))
-        assert served.twin_failures > failures and served.fallbacks == fallbacks
+        assert broken.failures > 0 and served.fallbacks == fallbacks
         wait_for(lambda: served.slot.twin is None, timeout=30, what="the failed twin taken off")
         assert served.status()["profile_twin"].startswith("dropped")
     finally:
