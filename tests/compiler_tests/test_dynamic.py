@@ -21,6 +21,7 @@ from compiler import (
     build,
     compare,
     load_artifact,
+    probe,
     recompile_limit_hits,
 )
 from compiler._aoti import AotiModule
@@ -61,10 +62,14 @@ def test_minilm_int8_with_a_dynamic_sequence_serves_every_length_from_one_packag
     module = built.module
     assert isinstance(module, AotiModule) and not module.runners and len(module.dynamic) == 1
     assert any("one package for lengths" in n for n in built.report.notes), built.report.notes
+    # int8 against fp32. Without VNNI activations are quantized to 7 bits (reduce_range), and
+    # the int8 graph itself is further off: cosine 0.968 at worst over these 40 sentences,
+    # measured as the eager q/dq graph on an AVX2-only EPYC; the package matched it.
+    floor = 0.98 if probe().int8_fast else 0.96
     with torch.inference_mode():
         for (args, _), n in zip(inputs, range(len(inputs))):
             got = compare(model(*args), module(*args))
-            assert got["cosine"] > 0.98, (n, args[0].shape, got)  # int8, against fp32
+            assert got["cosine"] > floor, (n, args[0].shape, got)
     assert module.shape_misses == 0  # not one length ran the fp32 fallback
     # another process's view: the artifact loads as the same dynamic package
     loaded = load_artifact(model, recipe, built.artifact, cache=cache).module

@@ -246,9 +246,15 @@ def test_a_failing_variant_falls_back_and_is_reverted(mlp_spec: dict, settings: 
         assert torch.allclose(out, expected)
         assert served.fallbacks == 1
         wait_for(lambda: served.slot.module is served.base, what="revert to the base")
+
+        def rollback_events() -> list[Any]:
+            with store.session() as s:
+                return st.repo.list_events(s, served.model_id, kind="rollback")
+
+        # the failing variant leaves service first and is recorded after (reverts.py)
+        wait_for(lambda: rollback_events(), what="the rollback's record")
+        assert "variant failed live requests" in rollback_events()[0].message
         with store.session() as s:
-            events = st.repo.list_events(s, served.model_id, kind="rollback")
-            assert events and "variant failed live requests" in events[0].message
             assert st.repo.active_deployment(s, served.model_id).source == "rollback"
     finally:
         served.close()

@@ -18,14 +18,16 @@ from .helpers import wait_for
 
 
 class Slower(torch.nn.Module):
-    """The base module and 3 ms more per call: a variant whose live ratio is known."""
+    """The base module and 20 ms more per call: a variant whose live ratio is known. (The
+    digits MLP takes 3.3 ms a call on a 2-core AVX2-only VM, so 3 ms more was not enough to
+    be twice as slow there.)"""
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.003)
+        time.sleep(0.02)
         return self.inner(x)
 
 
@@ -71,7 +73,7 @@ def test_live_ab_times_fp32_beside_what_serves_and_gives_the_slot_back(mlp_spec:
         assert ab is not None
         assert served.slot is variant  # serving alone again, not on the A/B slot
         assert min(ab.calls) >= 20
-        # 3 ms slower than fp32 (well under 1 ms here): slower, with confidence
+        # 20 ms slower than fp32 (a few ms at most): slower, with confidence
         assert ab.speedup < 0.5 and ab.low > 1.0
         # nothing compared when too few calls come in
         stop.set()
