@@ -12,8 +12,10 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "UsageError",
+    "add_backends_option",
     "add_store_option",
     "add_token_option",
+    "backends_from",
     "settings_from",
 ]
 
@@ -36,6 +38,21 @@ def add_token_option(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="file holding the API token (default: PGC_API_TOKEN, else <PGC_WORK_DIR>/token)",
     )
+
+
+def add_backends_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backends", help="comma-separated backends the search may choose, e.g. "
+                   "inductor,onnxruntime (default: every installed one)")
+
+
+def backends_from(args: argparse.Namespace) -> list[str] | None:
+    """``--backends`` as the policy's list (None: every installed one)."""
+    if args.backends is None:
+        return None
+    names = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not names:
+        raise UsageError("--backends names no backend")
+    return names
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

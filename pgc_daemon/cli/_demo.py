@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import store as st
@@ -43,8 +43,10 @@ class DemoOptions:
     rate: float | None = None
     """Requests per second; None: :func:`load_rate` of fp32's latency on this machine."""
     clients: int = 2
-    trials: int = 6
-    max_drop: float = 0.01
+    policy: Policy = field(
+        default_factory=lambda: Policy(max_accuracy_drop=0.01, max_trials=6, canary_s=15.0)
+    )
+    """The search's policy (``--trials``, ``--max-drop``, ``--backends``)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict[str, Any]:
 
     model = minilm.load_model()
     fp32_ms = fp32_latency_ms(model)
-    policy = Policy(max_accuracy_drop=options.max_drop, max_trials=options.trials, canary_s=15.0)
+    policy = options.policy
     served = attach(model, name=MODEL_NAME, spec=SPEC, store=store, settings=settings, policy=policy)
     attached_at = time.time()
     with store.session() as s:
@@ -364,6 +366,10 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
     )
     if r.get("search_message"):
         console.print(f"search: {r['search_message']}")
+    if r.get("deployed_layer_sum_ms") is not None:
+        console.print(f"the deployed variant's per-layer rows add up to "
+                      f"{r['deployed_layer_sum_ms']:.2f} ms a call (live mean "
+                      f"{_fmt(r.get('deployed_live_ms'))} ms)")
     for key, title in (("hottest_layers", "hottest layers (live, fp32)"),
                        ("deployed_layers", "hottest layers (live, deployed: its kernels)")):
         hot = Table(title=title)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from pgc_daemon.cli._base import EXIT_FAILED, UsageError, add_store_option, settings_from
+from pgc_daemon.cli._base import (
+    EXIT_FAILED,
+    UsageError,
+    add_backends_option,
+    add_store_option,
+    backends_from,
+    settings_from,
+)
 
 ORDER = 10
 
@@ -24,11 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--clients", type=int, default=1, help="client threads (default 1)")
     demo.add_argument("--trials", type=int, default=6, help="search trials (default 6)")
     demo.add_argument("--max-drop", type=float, default=0.01, help="accuracy budget (default 0.01)")
+    add_backends_option(demo)
     demo.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pgc_daemon.cli._demo import DemoOptions, run_demo
+    from pgc_daemon.errors import PolicyError
+    from pgc_daemon.policy import Policy
 
     settings = settings_from(args).model_copy(
         update={"window_s": 5.0, "sample_every": 20, "min_profile_calls": 200, "poll_s": 1.0}
@@ -39,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--rate, --clients and --trials must be positive")
     if not 0 <= args.max_drop <= 1:
         raise UsageError("--max-drop must be between 0 and 1")
+    try:
+        policy = Policy.parse({"max_accuracy_drop": args.max_drop, "max_trials": args.trials,
+                               "canary_s": 15.0, "backends": backends_from(args)})
+    except PolicyError as exc:
+        raise UsageError(str(exc).removeprefix("invalid policy: ")) from None
     report = run_demo(
         settings,
         DemoOptions(
@@ -47,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
             json=args.json,
             rate=args.rate,
             clients=args.clients,
-            trials=args.trials,
-            max_drop=args.max_drop,
+            policy=policy,
         ),
     )
     return 0 if report.get("outcome") in ("deployed", "kept") else EXIT_FAILED

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from pgc_daemon.cli._base import UsageError
+from pgc_daemon.cli._base import UsageError, add_backends_option, backends_from
 
 ORDER = 40
 EXIT_INFEASIBLE = 3
@@ -29,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget", type=float, default=1800.0, help="seconds (default 1800)")
     p.add_argument("--storage", help="Optuna storage URL to keep (and resume) the study")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backends", help="comma-separated backends the search may choose, e.g. "
-                   "inductor,onnxruntime (default: every installed one)")
+    add_backends_option(p)
     p.add_argument(
         "--no-sensitivity", action="store_true", help="skip per-layer sensitivity (faster, blinder)"
     )
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 "objective": args.objective,
                 "max_trials": args.trials,
                 "time_budget_s": args.time_budget,
-                "backends": [b.strip() for b in args.backends.split(",")] if args.backends else None,
+                "backends": backends_from(args),
             }
         )
     except PolicyError as exc:

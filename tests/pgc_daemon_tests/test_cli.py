@@ -29,6 +29,9 @@ def test_help_lists_the_commands() -> None:
         ["demo", "--duration", "-5"],
         ["demo", "--max-drop", "3"],
         ["demo", "--rate", "0"],
+        ["demo", "--backends", "tensorrt"],  # not a backend pgc knows
+        ["demo", "--backends", " , "],
+        ["optimize", "pgc_daemon.examples.digits:mlp", "--backends", "inductor,inductor"],
         ["serve", "--store", "mysql://x/y"],
         ["serve", "--host", "0.0.0.0"],  # off loopback without --allow-remote
         ["serve", "--token-file", "missing-token"],
