@@ -98,6 +98,9 @@ def test_onnxruntime_backend_runs_the_exported_model(cnn_spec: dict[str, Any]) -
     for ref, out in zip(outputs(cnn_spec["model"], test), outputs(built.module, test)):
         assert compare(ref, out)["max_abs"] < 1e-4
     warm(built, [((torch.cat([test[0][0][0]] * 3),), {})])  # any batch size
+    # idle intra-op threads sleep: spinning ones fight a busy core (see compiler/_ort.py)
+    options = built.module.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 @pytest.mark.parametrize("scheme", ["static", "dynamic"])
