@@ -344,7 +344,46 @@ def quantize_region(
         with torch.no_grad():
             for args, kwargs in list(inputs)[:MAX_CALIBRATION]:
                 prepared(*args, **kwargs)
-        return convert_pt2e(prepared)
+        converted = convert_pt2e(prepared)
+    clamp_narrow_quantize(converted)
+    return converted
+
+
+#: The version of pgc's own rewrites of a quantized graph, part of every cache key: a graph
+#: saved by an older pgc is not reused when these change.
+GRAPH_PASSES = "1"
+
+
+def clamp_narrow_quantize(gm: torch.fx.GraphModule) -> int:
+    """Clamp the input of every static per-tensor ``quantize`` whose range is narrower than
+    its dtype's (``reduce_range``: uint8 in 0..127 on CPUs without VNNI) to the float range
+    it can represent. The result is the same, and it keeps Inductor correct: its fusion of a
+    quantize into the int8 kernel before it writes the full 0..255 (it ignores the quantize's
+    ``quant_max``), and the next int8 kernel then saturates where VNNI is absent. Measured on
+    an AVX2-only EPYC, MiniLM's intermediate and output dense layers in a row as one
+    AOTInductor package: relative error 0.038 against their q/dq graph without the clamp,
+    0.0002 with it, at the same speed (1.8x fp32); all of MiniLM: 0.183 and refused. Returns
+    how many were clamped."""
+    target = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    full = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != target or len(node.args) != 6:
+            continue
+        x, scale, zero_point, qmin, qmax, dtype = node.args
+        if not isinstance(scale, float) or not isinstance(zero_point, int):
+            continue
+        if full.get(dtype, (qmin, qmax)) == (qmin, qmax):
+            continue
+        with gm.graph.inserting_before(node):
+            low, high = (qmin - zero_point) * scale, (qmax - zero_point) * scale
+            clamped = gm.graph.call_function(torch.ops.aten.clamp.default, (x, low, high))
+        node.replace_input_with(x, clamped)
+        done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
 
 
 def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:

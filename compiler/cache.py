@@ -8,7 +8,7 @@ process (or after a restart) skips the slow steps.
 - ``calibration``: a digest of the calibration inputs, for recipes that calibrate (static
   int8; any int8 on OpenVINO); ``-`` otherwise;
 - ``versions``: torch, torchao, triton (and onnxruntime, or openvino and nncf, for those
-  backends);
+  backends), and ``pgc.graph_passes``, the version of pgc's rewrites of quantized graphs;
 - ``device``: ``probe().key()`` (CPU model and ISA features, GPU name and capability) and the
   torch CPU capability;
 - ``env``: the environment variables that change code generation (``TORCHINDUCTOR_*``,
@@ -165,9 +165,10 @@ def cache_key(
 ) -> CacheKey:
     """The key of building ``recipe`` on ``model``. Every keyword overrides one part (tests,
     or a caller that already has the model's fingerprint)."""
-    from compiler._pt2e import MAX_CALIBRATION
+    from compiler._pt2e import GRAPH_PASSES, MAX_CALIBRATION
 
     vers = versions or {
+        "pgc.graph_passes": GRAPH_PASSES,
         "torch": torch.__version__,
         "torchao": _version("torchao"),
         "triton": _version("triton"),

@@ -295,22 +295,17 @@ def test_minilm_static_int8_package_uses_onednn_int8_and_is_faster_than_fp32(tmp
     cal = [(minilm.encode([texts[i]]), {}) for i in range(8)]
     recipe = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}), backend=Backend("inductor"))
     v = build(model, recipe, calibration=cal, cache=CompileCache(tmp_path))
-    if not probe().int8_fast:
-        # without VNNI the package's int8 differs from the graph it was compiled from
-        # (relative error 0.18 on an AVX2-only EPYC): it is refused, the build says why and
-        # compiles with torch.compile instead, and no artifact is kept (README: Limits)
-        assert not isinstance(v.module, AotiModule) and v.artifact is None
-        assert any("outputs differ from the module's" in n for n in v.report.notes), v.report.notes
-        assert "oneDNN int8 linear x36" in v.report.kernel_paths["<compiled>"]
-        return
-    assert isinstance(v.module, AotiModule) and v.artifact is not None
+    # also without VNNI, where reduce_range's quantize ops are clamped (clamp_narrow_quantize):
+    # unclamped, the package differed from its graph by 0.18 on an AVX2-only EPYC and was refused
+    assert isinstance(v.module, AotiModule) and v.artifact is not None, v.report.notes
     assert "oneDNN int8 linear x36" in v.report.kernel_paths["<compiled>"]
     loaded = load_artifact(model, recipe, v.artifact, cache=CompileCache(tmp_path))
     assert loaded.report.build_s < 15
     test = [minilm.encode([texts[i]]) for i in range(20, 28)]
+    floor = 0.98 if probe().int8_fast else 0.96  # 7-bit activations without VNNI (test_dynamic)
     with torch.inference_mode():
         for x in test:
-            assert compare(model(*x), loaded.module(*x))["cosine"] > 0.98
+            assert compare(model(*x), loaded.module(*x))["cosine"] > floor
         fp32, packaged = _fastest_ms([model, loaded.module], test[0], 20)
     assert fp32 / packaged > 1.5, (fp32, packaged)  # measured 3.3x on an idle machine
     assert loaded.module.shape_misses == 0
