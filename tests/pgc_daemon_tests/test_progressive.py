@@ -22,7 +22,12 @@ from pgc_daemon.modelspec import spec_origin
 from pgc_daemon.optimizer.search.prepare import first_trials, make_search, settle, shape_space
 from pgc_daemon.optimizer.search.progressive import Progressive, eligible
 from pgc_daemon.optimizer.search.results import TrialRecord, feasible
-from pgc_daemon.optimizer.search.runner import finish_run, record_trial, run_live_search
+from pgc_daemon.optimizer.search.runner import (
+    deployed_while_searching,
+    finish_run,
+    record_trial,
+    run_live_search,
+)
 from pgc_daemon.optimizer.search.space import PEER_BASELINES, backends_for
 from pgc_daemon.optimizer.search.study import ADOPTS, EARLY
 from pgc_daemon.policy import Policy, load_policy
@@ -467,6 +472,18 @@ def test_a_real_search_deploys_while_searching_after_baselines_that_ran_before_s
     assert created.reason.startswith(f"search run {run_id}: deployed while searching (trial ")
     views = {d["id"]: d for d in api_client(store).get("/api/models/mlp/deployments").json()}
     assert views[first.id]["while_searching"] is True and views[first.id]["search_run_id"] == run_id
+    # the last deployment made during the baselines got its profiling twin before sensitivity
+    # was measured when it is compiled (its per-layer rows need not wait for the search's end)
+    with store.session() as s:
+        last = [d for d in deployments if d.created_at < measured_at][-1]
+        variant = s.get(st.Variant, last.variant_id)
+        backend, twin, variant_id = variant.recipe["backend"]["kind"], variant.profile_artifact, variant.id
+        twins = [(e.data or {}).get("variant_id") for e in st.repo.list_events(s, model_id, kind="profile_twin")
+                 if e.at < measured_at]
+    if backend == "inductor":
+        assert twin is not None and twins == [variant_id], twins
+    else:  # eager or a peer: nothing to build a twin of
+        assert twins == [] and twin is None
     # each later deployment was min_speedup (1.0: strictly) faster than the one before it
     speeds = [d.expected_speedup for d in deployments]
     assert speeds == sorted(speeds) and len(set(speeds)) == len(speeds)
@@ -491,6 +508,15 @@ def test_a_real_search_deploys_while_searching_after_baselines_that_ran_before_s
     assert all(on_variants[h] == digest for h, digest in saved.items()), (saved, on_variants)
     with store.session() as s:
         assert len(st.repo.list_trials(s, model_id, run_id=run2)) == 1  # one new trial, the rest resumed
+
+
+def test_the_trial_deployed_last_while_searching_is_the_one_whose_twin_is_built(store: st.Store) -> None:
+    model_id, run_id = _model(store)
+    progressive = Progressive(store, model_id, run_id, Policy(), 4)
+    records = [_rec(0, 2.0), _rec(1, 3.0), _rec(2, 4.0)]
+    assert deployed_while_searching(records, progressive) is None  # nothing deployed
+    progressive.proposed = {records[0].recipe_hash: 1, records[1].recipe_hash: 2, "elsewhere": 3}
+    assert deployed_while_searching(records, progressive) is records[1]
 
 
 def test_finish_run_without_progressive_state_still_proposes_the_final_choice(store: st.Store) -> None:

@@ -236,6 +236,13 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             started = time.monotonic()
             early = search.run_first(first, run.trials_budget, timeout_s=policy.time_budget_s)
             spent = time.monotonic() - started
+            serving = deployed_while_searching(early, progressive)
+            if serving is not None:  # what now serves gets per-layer rows before the search ends
+                with store.session() as s:
+                    st.repo.update_search_run(
+                        s, run_id, message=f"building the profiling twin of {serving.label}, "
+                        "deployed while searching")
+                build_twin(store, model.id, search, serving)
             with store.session() as s:
                 st.repo.update_search_run(
                     s,
@@ -267,9 +274,20 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
     finally:
         progressive.stop()
     finish_run(store, model.id, run_id, result, policy, progressive)
-    if result.feasible:  # after the run ended: the twin never delays a deployment
+    if result.feasible:  # after the run ended (already built: skipped)
         build_twin(store, model.id, search, result.chosen)
     return result
+
+
+def deployed_while_searching(
+    records: list[TrialRecord], progressive: Progressive
+) -> TrialRecord | None:
+    """The trial among ``records`` this run deployed last while searching (None: none)."""
+    by_hash = {r.recipe_hash: r for r in records}
+    for recipe_hash in reversed(list(progressive.proposed)):
+        if recipe_hash in by_hash:
+            return by_hash[recipe_hash]
+    return None
 
 
 def refuse(store: st.Store, run_id: int, model_id: int, message: str) -> NoReturn:

@@ -6,9 +6,11 @@ MiniLM's). So the variant that serves is built without them, and the worker buil
 with them: the same recipe, from the quantized graph its trial saved
 (``compiler.build_profiling_twin``). The twin is recorded on the variant
 (``profile_artifact``); serving processes load it beside the variant and run it on sampled
-calls only (:mod:`pgc_daemon.agent.twins`). It is built after the search ended, so it never
-delays a deployment; about as long as the variant's own build (15-25 s for MiniLM on 2
-cores).
+calls only (:mod:`pgc_daemon.agent.twins`). It is built after the baselines for the one of
+them deployed while searching (the sensitivity pass and later trials wait for it; a search
+on an AVX2-only VM ran 8+ minutes past such a deployment, which had no rows meanwhile), and
+after the search for its choice. It takes about as long as the variant's own build (15-25 s
+for MiniLM on 2 cores; 60 s for int8 on an AVX2-only VM).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ log = logging.getLogger("pgc.search")
 def build_twin(
     store: st.Store, model_id: int, search: Search, chosen: TrialRecord | None
 ) -> str | None:
-    """Build and record the profiling twin of ``chosen`` (the search's final choice); returns
+    """Build and record the profiling twin of ``chosen`` (a trial deployed); returns
     its artifact digest, or None where there is nothing to build (no choice, not a compiled
     variant, a twin already stored) or the build failed (said in an event; the variant
     serves all the same, its per-layer rows are only missing)."""
