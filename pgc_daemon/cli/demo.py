@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pgc_daemon.cli._demo import DemoOptions, run_demo
+    from pgc_daemon.cli._demo import CANARY_S, DemoOptions, run_demo
     from pgc_daemon.errors import PolicyError
     from pgc_daemon.policy import Policy
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-drop must be between 0 and 1")
     try:
         policy = Policy.parse({"max_accuracy_drop": args.max_drop, "max_trials": args.trials,
-                               "canary_s": 15.0, "backends": backends_from(args)})
+                               "canary_s": CANARY_S, "backends": backends_from(args)})
     except PolicyError as exc:
         raise UsageError(str(exc).removeprefix("invalid policy: ")) from None
     report = run_demo(
