@@ -130,8 +130,7 @@ class CallQueue:
             return [], []
         if n >= (queue.maxlen or n + 1):
             self.overflows += 1
-        pop = queue.popleft
-        entries = [pop() for _ in range(n)]
+        entries = list(itertools.starmap(queue.popleft, itertools.repeat((), n)))  # in C
         buckets = list(map(_bucket, entries))
         keyed = itertools.compress(range(n), map(operator.is_not, buckets, itertools.repeat(None)))
         last = self.last_key

@@ -195,3 +195,28 @@ def test_op_types_of_long_generated_kernels_fit_the_stores_column() -> None:
         assert len(op) <= OP_TYPE_MAX
         assert (not others) or others[0] in op
     assert _op_type("k", ["a"]) == "k (fused with a)"
+
+
+def test_kernels_are_read_from_the_trace_records_with_what_nests_in_them() -> None:
+    """The raw records give intervals, not a tree: a mapped kernel's nested events (the
+    profiler's cost inside it) are counted, a mapped kernel inside another is part of the
+    outer one, events that merely follow a kernel are not nested in it, and kernels keep the
+    order they ran in across threads."""
+    from profiler._compiled import _outermost_kernels
+
+    names = {"cpp_fused_a": [["x"]], "mm": [["y"]]}
+    events = [
+        ("graph_0_cpp_fused_a", 100, 200, 1),  # a generated kernel: its graph prefix goes
+        ("aten::empty", 110, 120, 1),
+        ("mm", 130, 190, 1),  # a mapped call inside the kernel: counted with it
+        ("aten::copy_", 140, 150, 1),
+        ("aten::add", 200, 210, 1),  # starts as the kernel ends: not inside
+        ("mm", 50, 90, 2),  # another thread, earlier
+        ("aten::zero_", 60, 70, 2),
+        ("mm", 300, 300, 1),  # zero length at the end
+    ]
+    assert _outermost_kernels(events, names) == [
+        (50, "mm", 40, 1),
+        (100, "cpp_fused_a", 100, 3),
+        (300, "mm", 0, 0),
+    ]
