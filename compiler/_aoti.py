@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 
+from compiler import _attention
 from compiler._aoti_native import NativePackage, extract_folder, plain_package
 from compiler._dynamic import (
     DynamicMatch,
@@ -238,11 +239,13 @@ def aoti_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def compile_package(
     module: nn.Module, example: Example, path: Path, options: dict[str, Any],
-    dynamic_dim: int | None = None,
+    dynamic_dim: int | None = None, notes: list[str] | None = None,
 ) -> tuple[KernelMap | None, tuple[int, int | None] | None]:
     """Export ``module`` with the example's shapes (static, or ``dynamic_dim`` symbolic) and
     compile it into ``path``; returns which layers each of its kernels computes
-    (:mod:`compiler._kernel_map`) and, for a dynamic package, the lengths it accepts."""
+    (:mod:`compiler._kernel_map`) and, for a dynamic package, the lengths it accepts. Attention
+    is lowered where that is faster (:mod:`compiler._attention`); what was chosen is appended
+    to ``notes``."""
     from torch._inductor import aoti_compile_and_package
 
     args, kwargs = example
@@ -253,13 +256,53 @@ def compile_package(
                                       dynamic_shapes=shapes)
         if dynamic_dim is not None:
             accepts = range_of(program, example, dynamic_dim)
-        aoti_compile_and_package(program, package_path=str(path),
-                                 inductor_configs={**options, **profile_options()})
+        configs = {**options, **profile_options()}
+        attention = _attention.find(program)
+        if attention is not None and attention.choice is None:
+            program, choice, ms = _compile_both_ways(program, attention, example, path, configs)
+        else:
+            choice = attention.choice if attention is not None else "fused"
+            ms = _attention.remembered_ms(attention) if attention is not None else {}
+            if choice == "math":
+                program = _attention.lower(program)
+            aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    if attention is not None and notes is not None:
+        note = attention.note(choice, ms)
+        if note not in notes:
+            notes.append(note)
     _drop_build_outputs(path)
     try:
         return kernel_map(program, path), accepts
     except Exception:  # noqa: BLE001 - no attribution, the package serves all the same
         return None, accepts
+
+
+def _compile_both_ways(
+    program: Any, attention: _attention.Attention, example: Example, path: Path,
+    configs: dict[str, Any],
+) -> tuple[Any, str, dict[str, float]]:
+    """Compile ``program`` with its attention fused and plain, time the two packages on the
+    example, keep the faster at ``path`` and remember the choice (:mod:`compiler._attention`).
+    Returns the program compiled, the form and the milliseconds measured."""
+    from torch._inductor import aoti_compile_and_package
+
+    plain_program = _attention.lower(program)
+    plain_path = path.with_name(path.stem + ".plain.pt2")
+    try:
+        aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+        aoti_compile_and_package(plain_program, package_path=str(plain_path), inductor_configs=configs)
+        fused, plain = PackageRunner(path), PackageRunner(plain_path)
+        args, kwargs = example
+        choice, ms = _attention.choose(attention, lambda: fused(args, kwargs), lambda: plain(args, kwargs))
+        if choice == "math":
+            _drop_build_outputs(path)
+            os.replace(plain_path, path)
+            return plain_program, choice, ms
+        return program, choice, ms
+    finally:
+        if plain_path.exists():
+            _drop_build_outputs(plain_path)
+            plain_path.unlink()
 
 
 def _drop_build_outputs(package: Path) -> None:
@@ -331,7 +374,8 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
             if sig in runners:
                 continue
             name = f"model{i}.pt2"
-            maps.append(compile_package(model, ex, folder / name, aoti_options(options))[0])
+            maps.append(compile_package(model, ex, folder / name, aoti_options(options),
+                                        notes=ctx.report.notes)[0])
             runner = PackageRunner(folder / name)
             with torch.no_grad():
                 err = relative_error(model(*ex[0], **ex[1]), runner(*ex))
@@ -362,7 +406,8 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
     folder = Path(tempfile.mkdtemp(prefix="pgc-aoti-"))
     try:
         kernels, accepts = compile_package(model, example, folder / "model0.pt2",
-                                           aoti_options(options), dynamic_dim=dim)
+                                           aoti_options(options), dynamic_dim=dim,
+                                           notes=ctx.report.notes)
         assert accepts is not None
         low, high = accepts
         runner = PackageRunner(folder / "model0.pt2")

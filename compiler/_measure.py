@@ -61,13 +61,24 @@ def _time(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
+def remembered(what: str) -> tuple[str, dict[str, float]] | None:
+    """The choice remembered for ``what`` on this machine, and its milliseconds, if any."""
+    with _LOCK:
+        known = _CHOICES.get(_key(what))
+    return None if known is None else (known["choice"], dict(known["ms"]))
+
+
+def _key(what: str) -> str:
+    return f"{probe().key()}|torch {torch.__version__}|{what}"
+
+
 def choose(
     what: str, candidates: dict[str, Callable[[], Any]], *, reps: int = 7, rounds: int = 3
 ) -> tuple[str, dict[str, float]]:
     """The fastest candidate for ``what`` (an operation and its shapes) on this machine, and
     the median milliseconds measured. Candidates are timed interleaved over ``rounds`` so a
     burst of load hits all of them; a remembered choice is returned without timing."""
-    key = f"{probe().key()}|torch {torch.__version__}|{what}"
+    key = _key(what)
     with _LOCK:
         known = _CHOICES.get(key)
     if known is not None and known["choice"] in candidates:

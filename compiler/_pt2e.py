@@ -349,9 +349,10 @@ def quantize_region(
     return converted
 
 
-#: The version of pgc's own rewrites of a quantized graph, part of every cache key: a graph
-#: saved by an older pgc is not reused when these change.
-GRAPH_PASSES = "1"
+#: The version of pgc's own rewrites of a graph (this module's clamps of narrow quantizes,
+#: ``compiler._attention``'s lowering), part of every cache key: a graph or package saved by
+#: an older pgc is not reused when these change.
+GRAPH_PASSES = "2"
 
 
 def clamp_narrow_quantize(gm: torch.fx.GraphModule) -> int:
