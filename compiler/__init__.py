@@ -22,7 +22,9 @@ from compiler.private import private_dir
 
 if TYPE_CHECKING:
     from compiler._registry import BuildReport, Example, register_transform, registered_parts
-    from compiler.build import BuiltVariant, build, build_profiling_twin, load_artifact, run, warm
+    from compiler.build import (
+        BuiltVariant, at_threads, build, build_profiling_twin, load_artifact, run, warm,
+    )
     from compiler.cache import CacheKey, CompileCache, cache_key
     from compiler.fidelity import METRICS, choose_metric, compare, fidelity
     from compiler.fingerprint import fingerprint
@@ -39,6 +41,7 @@ _LAZY: dict[str, str] = {
     "register_transform": "compiler._registry",
     "registered_parts": "compiler._registry",
     "BuiltVariant": "compiler.build",
+    "at_threads": "compiler.build",
     "build": "compiler.build",
     "build_profiling_twin": "compiler.build",
     "load_artifact": "compiler.build",

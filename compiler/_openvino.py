@@ -171,11 +171,19 @@ class OvModule(nn.Module):
     ) -> None:
         super().__init__()
         self.compiled = core().compile_model(model, "CPU", compile_config(mode, threads))
+        self.model, self.mode, self.threads = model, mode, threads
         self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string())
         self.input_names = input_names
         self.signature: inspect.Signature | None = None
         self.out_spec = out_spec
         self._local = threading.local()
+
+    def at_threads(self, threads: int) -> OvModule:
+        """The same model compiled again for ``threads`` inference threads (at one, OpenVINO
+        computes on the calling thread)."""
+        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, threads)
+        other.signature = self.signature
+        return other
 
     def _request(self) -> Any:
         req = getattr(self._local, "request", None)

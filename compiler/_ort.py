@@ -236,9 +236,18 @@ class OrtModule(nn.Module):
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
+        self.onnx_bytes = onnx_bytes
+        self.threads = threads
         self.input_names = input_names
         self.signature: inspect.Signature | None = None
         self.out_spec = out_spec
+
+    def at_threads(self, threads: int) -> OrtModule:
+        """The same model in a session of its own with ``threads`` intra-op threads (at one,
+        ONNX Runtime computes on the calling thread)."""
+        other = OrtModule(self.onnx_bytes, self.input_names, self.out_spec, threads)
+        other.signature = self.signature
+        return other
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         assert self.signature is not None

@@ -321,6 +321,14 @@ def _restore(ctx: BuildContext, meta: dict[str, Any]) -> None:
         ctx.state["token_leaves"] = frozenset(state["token_leaves"])
 
 
+def at_threads(module: nn.Module, threads: int) -> nn.Module | None:
+    """A variant's module with its own thread pool sized ``threads`` (ONNX Runtime's session
+    or OpenVINO's compiled model made again), or None where the module computes on torch's
+    threads (set those with ``torch.set_num_threads``)."""
+    resize = getattr(module, "at_threads", None)
+    return resize(threads) if callable(resize) else None
+
+
 def run(module: nn.Module, example: Example) -> object:
     args, kwargs = example
     return module(*args, **kwargs)

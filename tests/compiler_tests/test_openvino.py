@@ -55,6 +55,30 @@ def test_f32_mode_matches_fp32_eager(spec_name: str, request: pytest.FixtureRequ
 
 
 @needs_openvino
+def test_a_variant_made_again_for_one_thread_computes_the_same_on_the_calling_thread(
+    mlp_spec: dict[str, Any],
+) -> None:
+    """A search times a peer with a pool of the timing count (``compiler.at_threads``): the
+    same model compiled again, same precision and outputs, on the caller's thread."""
+    import time
+
+    from compiler import at_threads
+
+    test = examples(mlp_spec, 4)
+    built = build(mlp_spec["model"], Recipe(backend=F32), example=test[0])
+    one = at_threads(built.module, 1)
+    assert one is not None and one.threads == 1 and one.precision == built.module.precision
+    assert built.module.threads == torch.get_num_threads()
+    for a, b in zip(outputs(built.module, test), outputs(one, test)):
+        assert compare(a, b)["max_abs"] == 0.0
+    x = test[0][0][0]
+    t0, p0 = time.thread_time(), time.process_time()
+    for _ in range(300):
+        one(x)
+    assert time.thread_time() - t0 >= 0.9 * (time.process_time() - p0)
+
+
+@needs_openvino
 def test_default_mode_runs_in_the_devices_precision(cnn_spec: dict[str, Any]) -> None:
     from compiler._openvino import default_precision
 

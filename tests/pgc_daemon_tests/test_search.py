@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from compiler import Recipe
+from compiler import Backend, Recipe
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.prepare import make_search, offline_profile, timing_inputs_for
 from pgc_daemon.optimizer.search.study import TrialRecord, pareto_front, pick, shape_signature, study_name
@@ -154,6 +154,45 @@ def test_trials_are_judged_against_fp32_as_it_serves(mlp_spec: dict[str, Any]) -
     assert serving.scale(2) == 1.0 and serving.scale(4) == 1.0
     assert ServingThreads(2, {1: (0.93, 0.85, 1.02)}).scale(1) == 1.0
     assert ServingThreads(2, {1: (1.05, 0.97, 1.12)}).scale(1) == 1.0
+
+
+def test_a_peer_beside_live_traffic_is_timed_with_a_pool_of_one_on_the_threads_clock(
+    mlp_spec: dict[str, Any],
+) -> None:
+    """ONNX Runtime timed at its pool's two threads on wall time, against fp32 eager at two,
+    came out far ahead of what it served at (fp32's team stalls beside the serving process);
+    it is timed as torch's backends are: a session of one thread, which computes on the
+    timing thread, on that thread's CPU clock, against fp32 at one, scaled to fp32 as it
+    serves. The variant that serves keeps its own pool."""
+    import time
+
+    from compiler import at_threads, build
+    from pgc_daemon.optimizer.search.trial import ServingThreads, timing_module
+
+    model = mlp_spec["model"]
+    inputs = [(a, {}) for a in mlp_spec["example_inputs"]]
+    ort = Recipe(backend=Backend("onnxruntime"))
+    search = make_search(base=model, inputs=inputs, profile=[], name="peer", storage=None,
+                         policy=Policy(max_trials=1), metric="top1", timing_threads=1,
+                         serving_threads=ServingThreads(2, {1: (1.25, 1.15, 1.36)}))
+    rec = search.evaluate(0, {}, ort)
+    assert rec.state == "complete", rec.message
+    assert rec.timing["clock"] == "thread" and rec.timing["serving_scale"] == 1.25
+    assert "same 1 thread(s)" in rec.message
+
+    variant = build(model, ort, example=inputs[0])
+    one = timing_module(variant.module, 1, ort)
+    assert one is not None and one.threads == 1 and variant.module.threads == torch.get_num_threads()
+    x = inputs[0][0][0]
+    torch.testing.assert_close(one(x), variant.module(x))
+    assert timing_module(variant.module, None, ort) is None  # offline: as built
+    assert timing_module(model, 1, Recipe(backend=Backend("inductor"))) is None
+    assert at_threads(model, 1) is None  # torch's own threads: nothing to resize
+    # at one thread ONNX Runtime computes on the calling thread: its CPU clock sees it all
+    t0, p0 = time.thread_time(), time.process_time()
+    for _ in range(500):
+        one(x)
+    assert time.thread_time() - t0 >= 0.9 * (time.process_time() - p0)
 
 
 def test_fp32_as_it_serves_comes_from_the_latest_thread_decision_for_it(store: Any) -> None:

@@ -283,7 +283,8 @@ def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_tra
 def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -> None:
     """Beside serving traffic both arms are timed at one intra-op thread (OpenMP barriers of a
     preempted two-thread team inflate fp32 eager far more than a compiled variant); a backend
-    with its own thread pool is timed with fp32 at the count it was built for."""
+    with its own thread pool is timed with fp32 at the count it was built for, unless its pool
+    was resized to the timing count."""
     from compiler import Backend, Recipe
     from pgc_daemon.optimizer.search.runner import LIVE_TIMING_THREADS
     from pgc_daemon.optimizer.search.trial import timing_threads
@@ -295,6 +296,8 @@ def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -
     assert torch.get_num_threads() == before
     with timing_threads(1, Recipe(backend=Backend("onnxruntime"))):
         assert torch.get_num_threads() == before
+    with timing_threads(1, Recipe(backend=Backend("onnxruntime")), resized=True):
+        assert torch.get_num_threads() == 1  # its pool made one thread wide for timing
     with timing_threads(None, inductor):
         assert torch.get_num_threads() == before
     # ... and read on the timing thread's CPU clock where both arms run wholly on it
@@ -303,6 +306,7 @@ def test_a_live_search_times_torch_backends_at_one_thread_and_peers_as_built() -
     assert timing_clock(LIVE_TIMING_THREADS, inductor) == "thread"
     assert timing_clock(LIVE_TIMING_THREADS, Recipe(backend=Backend("eager"))) == "thread"
     assert timing_clock(1, Recipe(backend=Backend("onnxruntime"))) == "wall"  # its own pool
+    assert timing_clock(1, Recipe(backend=Backend("onnxruntime")), resized=True) == "thread"
     assert timing_clock(None, inductor) == "wall"  # offline: threads as they are
 
 

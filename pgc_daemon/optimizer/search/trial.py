@@ -20,8 +20,10 @@ from compiler import (
     CompileCache,
     Example,
     Recipe,
+    at_threads,
     build,
     recompile_limit_hits,
+    run,
     silence_recompile_limit,
     warm,
 )
@@ -93,24 +95,26 @@ class ServingThreads:
         return cls(data["threads"], against)
 
 
-def arm_threads(threads: int | None, recipe: Recipe) -> int:
-    """The intra-op count fp32 is timed at beside ``recipe`` (see :func:`timing_threads`)."""
-    if threads is None or recipe.backend.kind not in TORCH_THREADED:
+def arm_threads(threads: int | None, recipe: Recipe, resized: bool = False) -> int:
+    """The intra-op count fp32 is timed at beside ``recipe`` (see :func:`timing_threads`);
+    ``resized``: the recipe's own thread pool was made ``threads`` wide for timing."""
+    if threads is None or (recipe.backend.kind not in TORCH_THREADED and not resized):
         return torch.get_num_threads()
     return threads
 
 
 @contextlib.contextmanager
-def timing_threads(threads: int | None, recipe: Recipe) -> Iterator[None]:
+def timing_threads(threads: int | None, recipe: Recipe, resized: bool = False) -> Iterator[None]:
     """Time both arms with ``threads`` intra-op threads (None: as they are). A worker beside
     live traffic times at one: its OpenMP teams, preempted by the serving process, stall at
     every barrier, and fp32 eager (hundreds of parallel regions a call) far more than a
     compiled variant: measured on 2 cores, MiniLM int8 timed at 7.1x fp32 eager with two
     threads under serving load, 3.4x alone with one and 3.6x alone with two (live: 2.8x).
-    Backends with their own thread pool (ONNX Runtime, OpenVINO) keep theirs, so fp32 is
-    timed with the same count as theirs."""
+    A backend with its own thread pool (ONNX Runtime, OpenVINO) is timed at ``threads`` too
+    when its pool could be ``resized`` for timing (:func:`timing_module`); otherwise fp32 is
+    timed with the same count as its pool."""
     before = torch.get_num_threads()
-    n = arm_threads(threads, recipe)
+    n = arm_threads(threads, recipe, resized)
     if n == before:
         yield
         return
@@ -121,13 +125,29 @@ def timing_threads(threads: int | None, recipe: Recipe) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def timing_clock(threads: int | None, recipe: Recipe) -> str:
+def timing_clock(threads: int | None, recipe: Recipe, resized: bool = False) -> str:
     """The clock a trial is timed on: at one intra-op thread both arms of a torch-threaded
     recipe run wholly on the timing thread, so its CPU clock times them free of preemption
     by the serving processes beside it (measured on 2 cores under the demo's load: MiniLM
-    int8 dynamic timed 3.39x on wall time, 2.85x alone, 2.98x live at two threads); else
-    wall time."""
-    return "thread" if threads == 1 and recipe.backend.kind in TORCH_THREADED else "wall"
+    int8 dynamic timed 3.39x on wall time, 2.85x alone, 2.98x live at two threads); so do
+    ONNX Runtime and OpenVINO with a pool ``resized`` to one (both compute on the calling
+    thread then: measured, the thread's CPU time was all of the process's); else wall time."""
+    on_caller = recipe.backend.kind in TORCH_THREADED or resized
+    return "thread" if threads == 1 and on_caller else "wall"
+
+
+def timing_module(module: nn.Module, threads: int | None, recipe: Recipe) -> nn.Module | None:
+    """For a backend with its own thread pool, timed beside live traffic (``threads`` given):
+    the variant made again with a pool of ``threads``, so it is timed as torch's backends
+    are, at one thread on the thread's CPU clock, against fp32 as it serves. Timed at its
+    pool's own size on wall time, against fp32 eager at that size, a peer came out far ahead
+    of what it served at: fp32's two-thread team stalls at its barriers beside the serving
+    process, ONNX Runtime's hardly (demo on the AVX-512 EPYC: searched 4.70x, live 3.19x).
+    None where nothing is resized (torch's backends, offline searches, a module without a
+    pool of its own)."""
+    if threads is None or recipe.backend.kind in TORCH_THREADED:
+        return None
+    return at_threads(module, threads)
 
 
 def evaluate_trial(
@@ -185,14 +205,17 @@ def evaluate_trial(
         rec.fidelity, rec.drop = full.fidelity, full.drop
         # thresholds and results are against fp32 as it serves; timing is against fp32 at the
         # trial's count, so the thresholds go into timing's units and the result comes out
-        timed_at = arm_threads(self.timing_threads, recipe)
+        resized = timing_module(variant.module, self.timing_threads, recipe)
+        timed_at = arm_threads(self.timing_threads, recipe, resized is not None)
         scale = self.serving_threads.scale(timed_at) if self.serving_threads is not None else 1.0
         misses = getattr(variant.module, "shape_misses", 0)
         t = time.monotonic()
-        with timing_threads(self.timing_threads, recipe):
+        with timing_threads(self.timing_threads, recipe, resized is not None):
+            if resized is not None:
+                run(resized, self.timing_inputs[0])  # its first call, before timing
             timing = interleaved(
                 self.base,
-                variant.module,
+                resized if resized is not None else variant.module,
                 self.timing_inputs,
                 percentile=policy.latency_percentile,
                 max_seconds=self.max_timing_s,
@@ -200,7 +223,7 @@ def evaluate_trial(
                 decide_at=[r / scale for r in
                            [1 / policy.min_speedup] + ([incumbent] if incumbent else [])],
                 gap_s=self.timing_gap_s,
-                clock=timing_clock(self.timing_threads, recipe),
+                clock=timing_clock(self.timing_threads, recipe, resized is not None),
             )
         phases["timing"] = time.monotonic() - t
         unfit = _shape_fallback(variant.module, misses, timing.calls, limit_hits)
