@@ -258,18 +258,18 @@ def compile_package(
             accepts = range_of(program, example, dynamic_dim)
         configs = {**options, **profile_options()}
         attention = _attention.find(program)
+        note = None
         if attention is not None and attention.choice is None:
             program, choice, ms = _compile_both_ways(program, attention, example, path, configs)
+            note = attention.note(choice, ms)
         else:
-            choice = attention.choice if attention is not None else "fused"
-            ms = _attention.remembered_ms(attention) if attention is not None else {}
-            if choice == "math":
-                program = _attention.lower(program)
+            if attention is not None:
+                note = attention.note(attention.choice or "fused", attention.ms)
+                if attention.choice == "math":
+                    program = _attention.lower(program)
             aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
-    if attention is not None and notes is not None:
-        note = attention.note(choice, ms)
-        if note not in notes:
-            notes.append(note)
+    if note is not None and notes is not None and note not in notes:
+        notes.append(note)
     _drop_build_outputs(path)
     try:
         return kernel_map(program, path), accepts

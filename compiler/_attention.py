@@ -18,15 +18,16 @@ that use dropout or grouped-query heads, or whose score matrix would be large, s
 without timing.
 
 The lowering is a decomposition of the one op on the exported program, so module paths and
-the rest of the graph, quantize/dequantize ops included, are kept. Masked scores take the dtype's lowest value, as Hugging Face's eager attention does, so
-a row whose every key is masked stays finite.
+the rest of the graph, quantize/dequantize ops included, are kept. Masked scores take the
+dtype's lowest value, as Hugging Face's eager attention does, so a row whose every key is
+masked stays finite.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -120,13 +121,19 @@ def site_of(node: torch.fx.Node) -> Site | str:
 @dataclass(frozen=True)
 class Attention:
     """A program's attention sites and what to do with them: ``choice`` is "math" or "fused"
-    when known (remembered, or ineligible: then ``why`` says why), None when it is to be
-    measured on this program's packages."""
+    when known (remembered, with the milliseconds ``ms`` it was chosen on; or ineligible, and
+    ``why`` says why), None when it is to be measured on this program's packages."""
 
     sites: int
     what: str
     choice: str | None
     why: str = ""
+    ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """What the choice is remembered under (:mod:`compiler._measure`)."""
+        return f"attention {self.what}"
 
     def note(self, choice: str, ms: dict[str, float]) -> str:
         form = "as matmul, softmax, matmul" if choice == "math" else "fused kernel kept"
@@ -150,8 +157,9 @@ def find(program: Any) -> Attention | None:
             return Attention(len(nodes), "attention", "fused", site)
         sites.add(site)
     what = "; ".join(sorted(s.label() for s in sites)) + f", {torch.get_num_threads()} threads"
-    known = _measure.remembered(f"attention {what}")
-    return Attention(len(nodes), what, known[0] if known else None)
+    unknown = Attention(len(nodes), what, None)
+    known = _measure.remembered(unknown.key)
+    return unknown if known is None else Attention(len(nodes), what, known[0], ms=known[1])
 
 
 def lower(program: Any) -> Any:
@@ -161,9 +169,4 @@ def lower(program: Any) -> Any:
 
 def choose(att: Attention, fused: Callable[[], Any], plain: Callable[[], Any]) -> tuple[str, dict[str, float]]:
     """Time the two packages' calls interleaved; the faster form, remembered for ``att``."""
-    return _measure.choose(f"attention {att.what}", {"fused": fused, "math": plain}, reps=5)
-
-
-def remembered_ms(att: Attention) -> dict[str, float]:
-    known = _measure.remembered(f"attention {att.what}")
-    return known[1] if known else {}
+    return _measure.choose(att.key, {"fused": fused, "math": plain}, reps=5)

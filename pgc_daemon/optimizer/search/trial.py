@@ -23,7 +23,6 @@ from compiler import (
     at_threads,
     build,
     recompile_limit_hits,
-    run,
     silence_recompile_limit,
     warm,
 )
@@ -211,8 +210,6 @@ def evaluate_trial(
         misses = getattr(variant.module, "shape_misses", 0)
         t = time.monotonic()
         with timing_threads(self.timing_threads, recipe, resized is not None):
-            if resized is not None:
-                run(resized, self.timing_inputs[0])  # its first call, before timing
             timing = interleaved(
                 self.base,
                 resized if resized is not None else variant.module,
