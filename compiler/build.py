@@ -57,6 +57,12 @@ class BuiltVariant:
         layers each kernel computes (``compiler._kernel_map``); None otherwise."""
         return getattr(self.module, "kernel_layers", None)
 
+    @property
+    def own_threads(self) -> bool:
+        """Whether the module computes on a thread pool of its own (ONNX Runtime's session,
+        OpenVINO's compiled model), which ``torch.set_num_threads`` does not reach."""
+        return callable(getattr(self.module, "at_threads", None))
+
 
 def build(
     model: nn.Module,

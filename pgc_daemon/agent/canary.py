@@ -64,8 +64,10 @@ def run(
     fp32 base on a sample of live inputs. The caller has swapped in the candidate (with
     ``control`` set) and swaps back what the verdict says.
 
-    The canary ends with a verdict only on evidence: at least ``MIN_CANARY_CALLS`` live calls
-    per arm and, when shadow checks are asked for, ``canary_shadow_samples`` of them. Short
+    The comparison (and its ``canary_s``) starts once both arms serve at the intra-op thread
+    counts measured for them (a new variant's count is probed on its first calls, about 30 to
+    100 of them). The canary ends with a verdict only on evidence: at least
+    ``MIN_CANARY_CALLS`` live calls per arm and, when shadow checks are asked for, ``canary_shadow_samples`` of them. Short
     of that at the hard deadline it waits for traffic (bounded, see ``EVIDENCE_WAIT``), then
     fails. ``stop`` (the agent shutting down) and ``abandoned`` (someone else moved the
     deployment, e.g. an operator's cancel) end it at once without a promotion. ``tolerance``:
@@ -79,11 +81,12 @@ def run(
     served.take_variant_failure()
     live.request_shadow(policy.canary_shadow_samples)
     started = time.monotonic()
-    deadline = started + policy.canary_s
-    hard_deadline = started + MAX_EXTENSION * policy.canary_s
-    evidence_deadline = max(
-        hard_deadline, started + max(EVIDENCE_WAIT * policy.canary_s, MIN_EVIDENCE_WAIT_S)
-    )
+    evidence_deadline = started + max(EVIDENCE_WAIT * policy.canary_s, MIN_EVIDENCE_WAIT_S)
+    # The comparison starts once both arms serve at their thread counts (an arm not yet
+    # decided is probed on its own calls first, see agent.threadtune): latencies of an arm
+    # served at a count it will not serve at would judge something that never serves.
+    compared_from: float | None = None
+    deadline = hard_deadline = evidence_deadline
     shadow_scores: list[float] = []
     metric = served.registry.metric or "sqnr"
     try:
@@ -102,6 +105,17 @@ def run(
             if stop.is_set():
                 continue  # said above, before a verdict on what was seen so far
             now = time.monotonic()
+            if compared_from is None:
+                if not (served.at_its_threads(candidate) and served.at_its_threads(control)):
+                    if now >= evidence_deadline:
+                        break  # the verdict says what was missing
+                    continue
+                compared_from = now
+                live.latency_ms[control.variant_id].clear()
+                live.latency_ms[candidate.variant_id].clear()
+                deadline = now + policy.canary_s
+                hard_deadline = now + MAX_EXTENSION * policy.canary_s
+                evidence_deadline = max(evidence_deadline, hard_deadline)
             if now < deadline:
                 continue
             after = list(live.latency_ms[candidate.variant_id])
@@ -118,7 +132,11 @@ def run(
         live.request_shadow(0)
     after = list(live.latency_ms[candidate.variant_id])
     before = list(live.latency_ms[control.variant_id])
-    return verdict(after, before, shadow_scores, policy, metric, tolerance)
+    judged = verdict(after, before, shadow_scores, policy, metric, tolerance)
+    if compared_from is None and not judged.keep:
+        judged = judged._replace(
+            reason=f"{judged.reason}; the arms' thread counts were still being measured")
+    return judged
 
 
 def tolerance_for(source: str, policy: Policy) -> float | None:

@@ -67,6 +67,11 @@ class Served(Protocol):
         """Whether a request is in flight (background work yields to it)."""
         ...
 
+    def at_its_threads(self, slot: Slot) -> bool:
+        """Whether calls of ``slot`` run at the intra-op thread count decided for its variant
+        (or none is tuned for it): a canary compares two arms only then."""
+        ...
+
     def take_variant_failure(self) -> str | None:
         """The error of a pgc variant that failed a request since the last call, if any."""
         ...

@@ -133,6 +133,9 @@ class Lifecycle:
     def base_slot(self, deployment_id: int | None = None) -> Slot:
         return Slot(self.base, self.registry.baseline_variant_id, BASE_LABEL, True, deployment_id)
 
+    def at_its_threads(self, slot: Slot) -> bool:
+        return slot.own_threads or self.tuner.decided(slot.variant_id)
+
     def take_variant_failure(self) -> str | None:
         failure, self._failure = self._failure, None
         return failure

@@ -82,7 +82,8 @@ class ServedModel(Lifecycle):
         if slot.control is not None:  # canary: alternate blocks of calls with the control
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
-        use = self.tuner.use(slot.variant_id, probing=self._slot.control is None)
+        use = self.tuner.use(slot.variant_id, canary=self._slot.control is not None,
+                             own_threads=slot.own_threads)
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None
@@ -113,7 +114,8 @@ class ServedModel(Lifecycle):
         self.calls += 1
         try:
             if steady and token is None and not fallback:  # hooks would bias the comparison
-                self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
+                if use is None or use.decided:  # as the variant serves, not while probed
+                    self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
                 self.tuner.record(use, elapsed / 1e6)
             self.reservoir.offer(args, kwargs)
             if self.live.shadow_wanted > 0 and not fallback and slot is self._slot:

@@ -21,12 +21,17 @@ trimmed-mean latency is lower than the configured count's with confidence by at 
 (at most every ``min_reprobe_s``) once the cores kept busy outside this process have moved by
 ``load_shift`` from what they were at the decision (:mod:`~pgc_daemon.agent.hostload`): a
 count chosen while a search worker held a core is wrong once the search is over.
-During a canary (and the demo's A/B) each arm serves at its own variant's chosen count, without
-probing, so the comparison is of the variants as they serve; a variant not yet decided serves
-at the count of the latest decision (the incumbent's, usually), not the configured one
-(measured: with cold deployments of int8 variants on 2 cores, the new arm at the configured 2
-threads raised the p99 of the swap windows over the steady ones, where the incumbent served at
-1). ``Settings.thread_tuning = False`` keeps every call at the configured count.
+During a canary (and the demo's A/B) an arm already decided serves at its count, without
+probing again; an arm not yet decided is probed on its own calls, and the canary compares the
+two only once both serve at their counts (:func:`~pgc_daemon.agent.canary.run`), so the
+comparison is of the variants as they will serve. (Seen in the demo: a new int8 static ·
+Inductor arm served at the incumbent's count, 2, while the search worker held a core, measured
+1.10x slower than ONNX Runtime, and was rolled back; the search had timed it 1.11x faster at one
+thread. Serving the undecided arm at the latest decision's count had been chosen for the swap's
+p99, which a wrong verdict costs far more than.) A variant that computes on a thread pool of its
+own (ONNX Runtime, OpenVINO) is not probed: torch's count does not reach it, and a "decision"
+on it would measure noise. ``Settings.thread_tuning = False`` keeps every call at the
+configured count.
 
 Threading: :meth:`ThreadTuner.use` and :meth:`ThreadTuner.record` run on the executor's
 inference thread only (the thread whose intra-op setting they change); a call served inline on
@@ -105,6 +110,9 @@ class Use:
     variant_id: int | None
     threads: int
     counted: bool
+    decided: bool = True
+    """The call runs at the count decided for its variant (or nothing is tuned for it): its
+    latency is that of the variant as it serves."""
 
 
 class ThreadTuner:
@@ -146,7 +154,7 @@ class ThreadTuner:
         self._load = load
         self._clock = clock
         self._probes: dict[int | None, _Probe] = {}
-        self._latest: int | None = None  # the count of the latest decision, for any variant
+        self._own_pools: set[int | None] = set()  # variants computing on a pool of their own
         self._lock = threading.Lock()  # status() reads from other threads
 
     def _probe(self, variant_id: int | None) -> _Probe:
@@ -158,26 +166,31 @@ class ThreadTuner:
                 probe = self._probes[variant_id] = _Probe({n: [] for n in self.candidates})
         return probe
 
-    def use(self, variant_id: int | None, *, probing: bool) -> Use | None:
+    def use(self, variant_id: int | None, *, canary: bool = False,
+            own_threads: bool = False) -> Use | None:
         """The count for this call of ``variant_id``, set on the calling thread (None, and
-        nothing set, off the owner thread). ``probing``: the variant serves alone, so this call
-        may try another count."""
+        nothing set, off the owner thread). ``canary``: the variant is an arm of a canary (a
+        decided arm keeps its count, not probed again even if stale; an undecided one is
+        probed). ``own_threads``: the variant computes on a thread pool of its own, which
+        this count does not reach (nothing is probed)."""
         if threading.get_ident() != self._owner():
             return None
+        if own_threads:
+            if variant_id not in self._own_pools:
+                with self._lock:
+                    self._own_pools.add(variant_id)
+            return Use(variant_id, torch.get_num_threads(), counted=False)
         if self._batched():
             if torch.get_num_threads() != self.configured:
                 set_thread_count(self.configured)
             return Use(variant_id, self.configured, counted=False)
         probe = self._probe(variant_id)
-        # (not during a canary: its arms keep the counts they started the comparison at)
-        if probe.chosen is not None and probing and self._stale(variant_id, probe):
+        if probe.chosen is not None and not canary and self._stale(variant_id, probe):
             probe.chosen = None  # probe again, as for a new variant
             probe.samples = {n: [] for n in self.candidates}
-        if probe.chosen is not None or not probing or len(self.candidates) == 1:
-            # Undecided and not probing (a canary arm): the count the latest decision chose,
-            # since what made it fastest (the machine's load, the request pattern) holds for
-            # the next variant more often than the configured count does.
-            n, counted = probe.chosen or self._latest or self.configured, False
+        decided = probe.chosen is not None or len(self.candidates) == 1
+        if decided:
+            n, counted = probe.chosen or self.configured, False
         else:
             k = probe.calls // self.block
             n = self.candidates[k % len(self.candidates)]
@@ -185,7 +198,7 @@ class ThreadTuner:
             probe.calls += 1
         if torch.get_num_threads() != n:
             set_thread_count(n)
-        return Use(variant_id, n, counted)
+        return Use(variant_id, n, counted, decided)
 
     def _moved(self, probe: _Probe) -> float | None:
         """The load now, where it has moved by ``load_shift`` from the decision's (else None)."""
@@ -252,7 +265,6 @@ class ThreadTuner:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()
             probe.load = load
-            self._latest = best
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
         busy = "" if load is None else f"; {load:.1f} cores busy outside this process"
@@ -269,13 +281,21 @@ class ThreadTuner:
         probe = self._probes.get(variant_id)
         return None if probe is None else probe.chosen
 
-    def settled(self, variant_id: int | None) -> bool:
-        """Whether ``variant_id`` serves at a count decided under the machine's load of now
-        (or nothing is tuned here)."""
-        if len(self.candidates) == 1 or self._owner() is None:
+    def decided(self, variant_id: int | None) -> bool:
+        """Whether calls of ``variant_id`` run at a count decided for it (or nothing is tuned
+        for it here): what the canary waits for before it compares two arms."""
+        if len(self.candidates) == 1 or self._owner() is None or variant_id in self._own_pools:
             return True
         probe = self._probes.get(variant_id)
-        return probe is not None and probe.chosen is not None and self._moved(probe) is None
+        return probe is not None and probe.chosen is not None
+
+    def settled(self, variant_id: int | None) -> bool:
+        """Whether ``variant_id`` serves at a count decided under the machine's load of now
+        (or nothing is tuned for it here)."""
+        if not self.decided(variant_id):
+            return False
+        probe = self._probes.get(variant_id)
+        return probe is None or probe.chosen is None or self._moved(probe) is None
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -110,11 +110,16 @@ def live_ab(served: Any, seconds: float = AB_S) -> LiveComparison | None:
         return None
     base = served.base_slot(slot.deployment_id)
     live = served.live
-    live.latency_ms[base.variant_id].clear()
-    live.latency_ms[slot.variant_id].clear()
     ab = dataclasses.replace(slot, control=base)
     served.swap(ab)
     try:
+        # as in the canary: compared once both serve at their measured thread counts
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (
+                served.at_its_threads(slot) and served.at_its_threads(base)):
+            time.sleep(0.05)
+        live.latency_ms[base.variant_id].clear()
+        live.latency_ms[slot.variant_id].clear()
         time.sleep(seconds)
     finally:
         if served.slot is ab:  # unless the agent swapped in something else meanwhile

@@ -16,7 +16,7 @@ from torch import nn
 
 import store as st
 from pgc_daemon import attach
-from pgc_daemon.agent.threadtune import ThreadTuner, candidates, set_thread_count
+from pgc_daemon.agent.threadtune import ThreadTuner, Use, candidates, set_thread_count
 from pgc_daemon.settings import Settings
 
 from .helpers import wait_for
@@ -43,13 +43,15 @@ def _tuner(configured: int = 4, **kw: Any) -> ThreadTuner:
 
 
 def _serve(tuner: ThreadTuner, cost_ms: dict[int, float], calls: int, variant: int | None = 7,
-           probing: bool = True) -> list[int]:
+           canary: bool = False, uses: list[Use] | None = None) -> list[int]:
     """``calls`` calls of ``variant`` whose latency at n threads is ``cost_ms[n]`` (with a
     little spread); the thread counts they ran at."""
     ran = []
     for i in range(calls):
-        use = tuner.use(variant, probing=probing)
+        use = tuner.use(variant, canary=canary)
         assert use is not None
+        if uses is not None:
+            uses.append(use)
         assert torch.get_num_threads() == use.threads
         ran.append(use.threads)
         tuner.record(use, cost_ms[use.threads] * (1 + 0.02 * (i % 5)))
@@ -81,28 +83,52 @@ def test_the_configured_count_stays_unless_another_is_faster_with_confidence() -
     assert slower.chosen(7) == 4
 
 
-def test_each_variant_has_its_own_choice_and_a_canary_does_not_probe() -> None:
+def test_each_variant_has_its_own_choice_and_a_decided_canary_arm_keeps_it() -> None:
     tuner = _tuner()
     _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400, variant=1)
     _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400, variant=2)
     assert (tuner.chosen(1), tuner.chosen(2)) == (1, 4)
-    # a canary (probing=False): each arm at its variant's choice, and nothing it serves counts
-    # toward a decision
-    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=1, probing=False)) == {1}
-    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=2, probing=False)) == {4}
-    assert tuner.chosen(3) is None
+    # a canary: each decided arm at its variant's choice, every call as it serves
+    uses: list[Use] = []
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=1, canary=True, uses=uses)) == {1}
+    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=2, canary=True, uses=uses)) == {4}
+    assert all(u.decided and not u.counted for u in uses)
+    assert (tuner.chosen(1), tuner.chosen(2)) == (1, 4)
 
 
-def test_an_undecided_canary_arm_serves_at_the_latest_decision() -> None:
-    """Seen in bench/hotswap --cold: the incumbent int8 variant served at 1 thread, the new
-    arm of each canary at the configured 2, and the swaps' p99 rose over the steady one's."""
+def test_an_undecided_canary_arm_is_probed_and_its_probe_calls_are_marked() -> None:
+    """Seen in the demo: a new int8 static · Inductor arm served at the incumbent's count (2)
+    while a search worker held one of the 2 cores, measured 1.10x slower than the incumbent and
+    was rolled back, where the search had timed it faster at one thread. An undecided arm is
+    probed like a variant serving alone; its calls say they are not yet as it will serve, so
+    the canary does not compare them."""
     tuner = _tuner()
-    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 20, variant=3, probing=False)) == {4}
-    _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400, variant=2)
-    _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400, variant=1)  # the latest decision: 1
-    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=3, probing=False)) == {1}
-    assert set(_serve(tuner, {4: 1.0, 2: 1.0, 1: 1.0}, 50, variant=2, probing=False)) == {4}
-    assert tuner.chosen(3) is None
+    _serve(tuner, {4: 9.0, 2: 12.0, 1: 20.0}, 400, variant=2)  # the incumbent: 4
+    uses: list[Use] = []
+    ran = _serve(tuner, {4: 17.0, 2: 15.0, 1: 13.5}, 400, variant=3, canary=True, uses=uses)
+    assert tuner.chosen(3) == 1 and tuner.decided(3)
+    assert set(ran[:60]) == {4, 2, 1}  # probed every count
+    first_decided = next(i for i, u in enumerate(uses) if u.decided)
+    assert first_decided >= 3 * 4 * 3  # at least three blocks per count before a decision
+    assert all(not u.decided for u in uses[:first_decided])
+    assert all(u.decided and u.threads == 1 for u in uses[first_decided:])
+
+
+def test_a_variant_on_a_thread_pool_of_its_own_is_not_probed() -> None:
+    """ONNX Runtime and OpenVINO compute on their own pools: torch's count does not reach them,
+    and a decision on them measured noise (seen: "serves at 2 threads: 10.39 ms at 1, 10.24 ms
+    at 2"), which then set the count of the next canary arm."""
+    heard: list[dict[str, Any]] = []
+    tuner = _tuner(notify=lambda message, data: heard.append(data))
+    torch.set_num_threads(3)
+    assert not tuner.decided(5)
+    for _ in range(200):
+        use = tuner.use(5, own_threads=True)
+        assert use is not None and use.decided and not use.counted
+        assert torch.get_num_threads() == 3  # nothing set
+        tuner.record(use, 10.0)
+    assert tuner.decided(5) and tuner.settled(5) and tuner.chosen(5) is None
+    assert heard == [] and "5" not in tuner.status()["variants"]
 
 
 def test_a_clearly_slower_count_is_given_up_early_and_a_close_one_is_not() -> None:
@@ -155,7 +181,7 @@ def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
     assert tuner.chosen(7) == 1
     load[0] = 0.1
     assert not tuner.settled(7)  # decided under another load: not what it would choose now
-    _serve(tuner, {2: 10.0, 1: 13.8}, 20, probing=False)  # a canary's arm keeps its count
+    _serve(tuner, {2: 10.0, 1: 13.8}, 20, canary=True)  # a canary's arm keeps its count
     assert tuner.chosen(7) == 1
     ran = _serve(tuner, {2: 10.0, 1: 13.8}, 200)
     assert 2 in ran[:20] and tuner.chosen(7) == 2 and tuner.settled(7)
@@ -188,7 +214,7 @@ def test_the_openmp_runtime_torch_runs_on_is_found_among_several() -> None:
 def test_calls_off_the_owner_thread_are_left_alone() -> None:
     tuner = ThreadTuner(4, owner=lambda: None)
     torch.set_num_threads(2)
-    assert tuner.use(1, probing=True) is None
+    assert tuner.use(1) is None
     tuner.record(None, 5.0)
     assert torch.get_num_threads() == 2
 
@@ -248,4 +274,54 @@ def test_settings_can_turn_thread_tuning_off(settings: Settings) -> None:
         assert served.tuner.candidates == (2,)
         assert served.tuner.chosen(served.slot.variant_id) is None
     finally:
+        served.close()
+
+
+class _Flat(nn.Module):
+    """3 ms a call whatever the thread count."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.003)
+        return x + 1
+
+
+def test_a_canary_compares_a_new_arm_at_the_count_measured_for_it(
+    settings: Settings, store: st.Store
+) -> None:
+    """The candidate costs 3 ms at the configured 2 threads, like what serves, and 1.5 ms at
+    one. Served at the incumbent's count it measured even and a search deployment was rolled
+    back; probed first, the canary compares it at one thread and keeps it, about 2x faster."""
+    from pgc_daemon.agent import canary
+    from pgc_daemon.agent.slot import Slot
+    from pgc_daemon.policy import Policy
+
+    torch.set_num_threads(2)
+    served = attach(_Flat(), name="canary-threads", settings=settings, executor=True)
+    stop = threading.Event()
+
+    def traffic() -> None:
+        x = torch.zeros(3)
+        while not stop.is_set():
+            served(x)
+
+    client = threading.Thread(target=traffic)
+    try:
+        wait_for(lambda: served.model_id is not None, what="registration")
+        client.start()
+        control = served.slot
+        wait_for(lambda: served.tuner.chosen(control.variant_id) is not None,
+                 what="the incumbent's thread decision")
+        assert served.tuner.chosen(control.variant_id) == 2  # no count faster
+        candidate = Slot(_SlowerWithThreads(), 991, "faster at one thread", True)
+        served.swap(Slot(candidate.module, 991, candidate.label, True, control=control))
+        policy = Policy(canary_s=1.0, canary_shadow_samples=4, canary_search_tolerance=0.0)
+        result = canary.run(served, candidate, control, policy, threading.Event(),
+                            tolerance=canary.tolerance_for("search", policy))
+        served.swap(control)
+        assert served.tuner.chosen(991) == 1
+        assert result.keep, result.reason
+        assert result.live["live_speedup"] > 1.6, result.reason
+    finally:
+        stop.set()
+        client.join(10)
         served.close()
