@@ -58,7 +58,7 @@ class BuiltVariant:
         return getattr(self.module, "kernel_layers", None)
 
     @property
-    def own_threads(self) -> bool:
+    def own_pool(self) -> bool:
         """Whether the module computes on a thread pool of its own (ONNX Runtime's session,
         OpenVINO's compiled model), which ``torch.set_num_threads`` does not reach."""
         return callable(getattr(self.module, "at_threads", None))

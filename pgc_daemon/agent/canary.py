@@ -67,9 +67,9 @@ def run(
     The comparison (and its ``canary_s``) starts once both arms serve at the intra-op thread
     counts measured for them (a new variant's count is probed on its first calls, about 30 to
     100 of them). The canary ends with a verdict only on evidence: at least
-    ``MIN_CANARY_CALLS`` live calls per arm and, when shadow checks are asked for, ``canary_shadow_samples`` of them. Short
-    of that at the hard deadline it waits for traffic (bounded, see ``EVIDENCE_WAIT``), then
-    fails. ``stop`` (the agent shutting down) and ``abandoned`` (someone else moved the
+    ``MIN_CANARY_CALLS`` live calls per arm and, when shadow checks are asked for,
+    ``canary_shadow_samples`` of them. Short of that at the hard deadline it waits for
+    traffic (bounded, see ``EVIDENCE_WAIT``), then fails. ``stop`` (the agent shutting down) and ``abandoned`` (someone else moved the
     deployment, e.g. an operator's cancel) end it at once without a promotion. ``tolerance``:
     how much slower than the control the candidate may be in the verdict (default: the
     policy's ``canary_latency_tolerance``; see :func:`tolerance_for`). How long the canary

@@ -117,7 +117,7 @@ class Follower:
         built = in_short_thread(self.variants.build, variant.recipe, variant.artifact)
         in_short_thread(warm, built, self.variants.warm_examples())
         slot = Slot(built.module, variant.id, variant.label, built.hookable,
-                    kernels=built.kernel_layers, own_threads=built.own_threads)
+                    kernels=built.kernel_layers, own_pool=built.own_pool)
         self.variants.remember(slot)
         if self.served.registry.settings.gc_freeze:
             settle_heap()

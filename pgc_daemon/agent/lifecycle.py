@@ -134,7 +134,7 @@ class Lifecycle:
         return Slot(self.base, self.registry.baseline_variant_id, BASE_LABEL, True, deployment_id)
 
     def at_its_threads(self, slot: Slot) -> bool:
-        return slot.own_threads or self.tuner.decided(slot.variant_id)
+        return slot.own_pool or self.tuner.decided(slot.variant_id)
 
     def take_variant_failure(self) -> str | None:
         failure, self._failure = self._failure, None

@@ -10,9 +10,8 @@
   was bad: the caller gets the base's exception, unchanged (a *caller error*), and the
   variant keeps serving; an exception from the user's own module is re-raised unchanged;
 - the profiler's steps are inline (an unsampled call runs none of its Python: see
-  ``profiler._profiler``). Everything slow runs on background threads. With an
-  :class:`~pgc_daemon.agent.executor.Executor`, ``_serve`` runs on the model's inference
-  thread, at the thread count the :class:`~pgc_daemon.agent.threadtune.ThreadTuner` chose.
+  ``profiler._profiler``); everything slow runs on background threads. With an ``Executor``,
+  ``_serve`` runs on the model's inference thread, at the count ``ThreadTuner`` chose.
 """
 
 from __future__ import annotations
@@ -82,8 +81,7 @@ class ServedModel(Lifecycle):
         if slot.control is not None:  # canary: alternate blocks of calls with the control
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
-        use = self.tuner.use(slot.variant_id, canary=self._slot.control is not None,
-                             own_threads=slot.own_threads)
+        use = self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None

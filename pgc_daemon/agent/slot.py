@@ -24,7 +24,7 @@ class Slot:
     built with kernel events, :mod:`~pgc_daemon.agent.twins`), which serves sampled calls
     in its place; ``kernels`` is then the twin's. ``control``: set while this slot is a canary; then
     calls alternate, in blocks, between it and the control (what served before), so both are
-    measured side by side on the same live traffic. ``own_threads``: the module computes on a
+    measured side by side on the same live traffic. ``own_pool``: the module computes on a
     thread pool of its own (ONNX Runtime, OpenVINO), which torch's intra-op count does not
     reach (:mod:`~pgc_daemon.agent.threadtune` leaves it alone).
     """
@@ -37,7 +37,7 @@ class Slot:
     control: Slot | None = None
     kernels: Any = None
     twin: nn.Module | None = None
-    own_threads: bool = False
+    own_pool: bool = False
 
     @property
     def per_layer(self) -> bool:

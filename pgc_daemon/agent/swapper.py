@@ -285,7 +285,7 @@ class Swapper:
                     dep_id, D.VERIFYING, f"warmed in {warm_s:.1f}s; verifying fidelity", warm_s=warm_s
                 )
                 slot = Slot(built.module, variant.id, variant.label, built.hookable, dep_id,
-                            kernels=built.kernel_layers, own_threads=built.own_threads)
+                            kernels=built.kernel_layers, own_pool=built.own_pool)
                 self.variants.remember(slot)
                 if reg.settings.gc_freeze:
                     settle_heap()

@@ -167,15 +167,15 @@ class ThreadTuner:
         return probe
 
     def use(self, variant_id: int | None, *, canary: bool = False,
-            own_threads: bool = False) -> Use | None:
+            own_pool: bool = False) -> Use | None:
         """The count for this call of ``variant_id``, set on the calling thread (None, and
         nothing set, off the owner thread). ``canary``: the variant is an arm of a canary (a
         decided arm keeps its count, not probed again even if stale; an undecided one is
-        probed). ``own_threads``: the variant computes on a thread pool of its own, which
+        probed). ``own_pool``: the variant computes on a thread pool of its own, which
         this count does not reach (nothing is probed)."""
         if threading.get_ident() != self._owner():
             return None
-        if own_threads:
+        if own_pool:
             if variant_id not in self._own_pools:
                 with self._lock:
                     self._own_pools.add(variant_id)

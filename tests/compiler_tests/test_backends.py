@@ -96,8 +96,8 @@ def test_onnxruntime_backend_runs_the_exported_model(cnn_spec: dict[str, Any]) -
     built = build(cnn_spec["model"], Recipe(backend=Backend("onnxruntime")), example=test[0])
     assert built.report.compiled
     # its own thread pool: the agent's thread tuner leaves it alone (torch's count doesn't reach it)
-    assert built.own_threads
-    assert not build(cnn_spec["model"], Recipe(), example=test[0]).own_threads
+    assert built.own_pool
+    assert not build(cnn_spec["model"], Recipe(), example=test[0]).own_pool
     for ref, out in zip(outputs(cnn_spec["model"], test), outputs(built.module, test)):
         assert compare(ref, out)["max_abs"] < 1e-4
     warm(built, [((torch.cat([test[0][0][0]] * 3),), {})])  # any batch size

@@ -123,7 +123,7 @@ def test_a_variant_on_a_thread_pool_of_its_own_is_not_probed() -> None:
     torch.set_num_threads(3)
     assert not tuner.decided(5)
     for _ in range(200):
-        use = tuner.use(5, own_threads=True)
+        use = tuner.use(5, own_pool=True)
         assert use is not None and use.decided and not use.counted
         assert torch.get_num_threads() == 3  # nothing set
         tuner.record(use, 10.0)
