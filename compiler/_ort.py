@@ -19,7 +19,7 @@ import io
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,7 +222,14 @@ def _quantized_nodes(proto: Any) -> set[str]:
 class OrtModule(nn.Module):
     """An ONNX Runtime session that is called like the module it was exported from."""
 
-    def __init__(self, onnx_bytes: bytes, input_names: list[str], out_spec: Any, threads: int) -> None:
+    def __init__(self, onnx: bytes | str, input_names: list[str], out_spec: Any, threads: int,
+                 source: Callable[[], bytes | str] | None = None) -> None:
+        """``onnx``: the model, or the path of its file. ``source`` gives it again when a
+        session of another size is asked for (:meth:`at_threads`). A variant loaded from an
+        artifact is made from the file's (checked) path: ONNX Runtime's Python session keeps
+        the bytes it is made from, so every serving process held each variant's whole model
+        (22 MB for MiniLM int8, 90 MB fp32) besides the session's own weights. None: keep
+        ``onnx``."""
         super().__init__()
         import onnxruntime as ort
 
@@ -235,8 +242,8 @@ class OrtModule(nn.Module):
         # threads), where spinning threads fight for the core they wait on.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
-        self.onnx_bytes = onnx_bytes
+        self.session = ort.InferenceSession(onnx, opts, providers=["CPUExecutionProvider"])
+        self._source = source if source is not None else _kept(onnx)
         self.threads = threads
         self.input_names = input_names
         self.signature: inspect.Signature | None = None
@@ -245,7 +252,7 @@ class OrtModule(nn.Module):
     def at_threads(self, threads: int) -> OrtModule:
         """The same model in a session of its own with ``threads`` intra-op threads (at one,
         ONNX Runtime computes on the calling thread)."""
-        other = OrtModule(self.onnx_bytes, self.input_names, self.out_spec, threads)
+        other = OrtModule(self._source(), self.input_names, self.out_spec, threads, self._source)
         other.signature = self.signature
         return other
 
@@ -289,12 +296,14 @@ def to_onnxruntime(model: nn.Module, ctx: BuildContext) -> nn.Module:
 
 
 def load_onnx(
-    onnx_bytes: bytes, input_names: list[str], out_spec: str, model: nn.Module
+    source: Callable[[], str], input_names: list[str], out_spec: str, model: nn.Module
 ) -> OrtModule:
-    """An ONNX Runtime variant from a stored model file: a session is created, nothing is
-    exported or quantized. ``model`` gives the call signature."""
+    """An ONNX Runtime variant from a stored model file (``source`` checks it and gives its
+    path): a session is created, nothing is exported or quantized. ``model`` gives the call
+    signature."""
     spec = treespec_loads(out_spec)
-    wrapped = OrtModule(onnx_bytes, list(input_names), spec, threads=torch.get_num_threads())
+    wrapped = OrtModule(source(), list(input_names), spec, threads=torch.get_num_threads(),
+                        source=source)
     wrapped.signature = inspect.signature(model.forward)
     return wrapped
 
@@ -303,3 +312,7 @@ def onnxruntime_version() -> str:
     import onnxruntime
 
     return str(onnxruntime.__version__)
+
+
+def _kept(onnx: bytes | str) -> Callable[[], bytes | str]:
+    return lambda: onnx

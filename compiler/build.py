@@ -27,7 +27,7 @@ from compiler import _backend, _buckets, _dynamic, _fusion, _kernels, _layout, _
 from compiler._errors import ArtifactUnavailable, BuildError, CompilerError
 from compiler._registry import BuildContext, BuildReport, Example, analysis_for, transform_for
 from compiler._kernel_map import kernel_events, with_kernel_events
-from compiler.cache import CacheKey, CompileCache, cache_key, incompatible
+from compiler.cache import CacheKey, CompileCache, cache_key, checked_path, incompatible
 from compiler.recipe import Recipe
 
 _AFTER_QUANTIZATION = Recipe.APPLY_ORDER[Recipe.APPLY_ORDER.index("quantization") + 1 :]
@@ -240,8 +240,8 @@ def _artifact_module(manifest: dict[str, Any], folder: Path, model: nn.Module) -
     if kind == "onnx":
         from compiler._ort import load_onnx
 
-        onnx_bytes = (folder / "model.onnx").read_bytes()
-        return load_onnx(onnx_bytes, manifest["input_names"], manifest["out_spec"], model)
+        checked = checked_path(folder / "model.onnx", manifest["files"]["model.onnx"])
+        return load_onnx(checked, manifest["input_names"], manifest["out_spec"], model)
     if kind == "openvino":
         from compiler._openvino import FILES, load_openvino
 

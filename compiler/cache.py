@@ -59,7 +59,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,24 @@ def incompatible(stored: dict[str, Any], here: CacheKey) -> str | None:
 
 ARTIFACT_FORMAT = 1
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def checked_path(path: Path, expected: str) -> Callable[[], str]:
+    """``path`` (a file of an artifact opened earlier) for a library to read, once it is checked
+    again: refused (:class:`ArtifactUnavailable`) when gone or when its checksum is no longer
+    the one the artifact was opened with. A variant that keeps this, rather than the file's
+    bytes, reads again what was verified, not whatever is there now."""
+
+    def check() -> str:
+        try:
+            same = sha256_file(path) == expected
+        except OSError as exc:
+            raise ArtifactUnavailable(f"{path.name} of an artifact is gone ({exc})") from None
+        if not same:
+            raise ArtifactUnavailable(f"{path.name} changed since its artifact was opened")
+        return str(path)
+
+    return check
 
 
 def sha256_file(path: Path) -> str:
