@@ -15,7 +15,8 @@ of that). So the unsampled call does no Python of the profiler's at all:
   steps in place would cost as much again, so every call is charged what they cost with the
   caches cold, measured once per process (:func:`inline_cost_ns`).
 
-Every call is keyed (``dense``) until a drain sees one shape alone; then, while live traffic
+Every call is keyed (``dense``) until a drain sees one shape alone (at least
+:data:`MIN_ONE_SHAPE` keyed calls of it); then, while live traffic
 keeps that shape, one call in :data:`KEY_EVERY` is keyed and the calls between are counted
 under the key before them; as soon as a drain sees another shape, every call is keyed again.
 A shape change in a one-shape stream is therefore counted under the old key for at most
@@ -43,6 +44,8 @@ KEY = 0
 SAMPLE = 1
 #: while traffic keeps one shape, one call in this many is keyed
 KEY_EVERY = 16
+#: keyed calls of one shape a drain must see (and none of another) before keying sparsely
+MIN_ONE_SHAPE = 2 * KEY_EVERY
 #: the longest cycle of marks kept; a rarer rate takes every k-th ``SAMPLE`` mark (``due``)
 MAX_CYCLE = 4096
 #: calls queued between two drains at most (the background drains every ``control_s``);
@@ -134,9 +137,10 @@ class CallQueue:
         buckets = list(map(_bucket, entries))
         keyed = itertools.compress(range(n), map(operator.is_not, buckets, itertools.repeat(None)))
         last = self.last_key
-        changes = filled = 0
+        changes = filled = seen = 0
         keys: list[str] = []
         for i in keyed:  # in sparse keying one call in KEY_EVERY: the loop stays short
+            seen += 1
             b = buckets[i]
             b = b if b.__class__ is str else key_of(*b)
             if b != last:
@@ -147,7 +151,10 @@ class CallQueue:
         keys.extend([last or "-"] * (n - filled))
         # a change against the previous drain's last key counts too: a one-shape stream that
         # moved to another shape is keyed densely until a drain sees that shape alone
-        dense = changes > 0
+        # ... and sparse keying starts only once a drain saw enough keyed calls of one shape:
+        # a drain of a call or two (a window closing mid-stream) proves nothing, and keying
+        # sparsely from there counted alternating shapes under each other's keys (seen in CI)
+        dense = changes > 0 or (self.dense and seen < MIN_ONE_SHAPE)
         if dense != self.dense:
             self.dense = dense
             self.mark = self._cycle()

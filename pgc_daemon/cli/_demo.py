@@ -323,7 +323,10 @@ def _report(
         # the deployed variant's kernels, split over the layers they fuse (sampled calls)
         "deployed_layers": _hottest(prof["active"]["layers"]) if prof["active"] else None,
         "deployed_layer_sum_ms": prof["active"]["layer_sum_ms"] if prof["active"] else None,
+        # live, over the windows the rows were sampled in (and over the whole run)
         "deployed_live_ms": prof["active"]["live_ms"] if prof["active"] else None,
+        "deployed_live_ms_all": prof["active"]["live_ms_all"] if prof["active"] else None,
+        "deployed_sampled_calls": prof["active"]["sampled_calls"] if prof["active"] else None,
     }
 
 
@@ -372,8 +375,10 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
         console.print(f"search: {r['search_message']}")
     if r.get("deployed_layer_sum_ms") is not None:
         console.print(f"the deployed variant's per-layer rows add up to "
-                      f"{r['deployed_layer_sum_ms']:.2f} ms a call (live mean "
-                      f"{_fmt(r.get('deployed_live_ms'))} ms)")
+                      f"{r['deployed_layer_sum_ms']:.2f} ms a call over "
+                      f"{r.get('deployed_sampled_calls')} sampled calls (live mean "
+                      f"{_fmt(r.get('deployed_live_ms'))} ms in their windows, "
+                      f"{_fmt(r.get('deployed_live_ms_all'))} ms over the run)")
     for key, title in (("hottest_layers", "hottest layers (live, fp32)"),
                        ("deployed_layers", "hottest layers (live, deployed: its kernels)")):
         hot = Table(title=title)

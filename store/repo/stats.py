@@ -170,9 +170,11 @@ def request_summary(
     since: float = 0.0,
     variant_id: int | None = None,
     exclude: Sequence[tuple[float, float]] = (),
+    sampled_only: bool = False,
 ) -> dict[str, float] | None:
     """Count-weighted request latency over windows since ``since`` (None without traffic).
-    Windows that overlap any ``exclude`` interval (start, end) are left out.
+    Windows that overlap any ``exclude`` interval (start, end) are left out; with
+    ``sampled_only``, so are windows without a sampled call (those without per-layer rows).
 
     One aggregate query: percentiles over several windows are the count-weighted means of the
     windows' percentiles, and ``overhead`` is weighted by serving time (mean × count)."""
@@ -196,6 +198,8 @@ def request_summary(
         q = q.where(r.variant_id == variant_id)
     for start, end in exclude:
         q = q.where(not_(and_(r.window_start < end, r.window_end > start)))
+    if sampled_only:
+        q = q.where(r.sampled > 0)
     windows, n, errors, fallbacks, busy, p50, p95, p99, sampled, dropped, cost, span = s.execute(q).one()
     if not n:
         return None

@@ -332,6 +332,11 @@ def test_the_serving_variants_kernel_rows_show_beside_fp32_and_rank_a_re_search(
                 model_id=m.id, variant_id=fast, window_start=now, window_end=now + 5, layer=layer,
                 op_type=op, shape_bucket="b1 s128", count=count, mean_ms=ms, p50_ms=ms, p95_ms=ms,
                 p99_ms=ms, share=0) for layer, op, ms in rows])
+            # the window they were sampled in: busier than the variant's other window (8 ms)
+            st.repo.add_window_stats(s, requests=[st.RequestStatRow(
+                model_id=m.id, variant_id=fast, window_start=now, window_end=now + 5,
+                shape_bucket="b1 s128", count=150, mean_ms=6.2, p50_ms=6.2, p95_ms=7,
+                p99_ms=8, sampled=count, overhead=0.0)])
 
     add(MIN_SAMPLED_CALLS - 1)
     body = c.get("/api/models/mini/profile").json()
@@ -341,7 +346,10 @@ def test_the_serving_variants_kernel_rows_show_beside_fp32_and_rank_a_re_search(
     assert {(r["layer"], r["op_type"]) for r in active["layers"]} == {
         ("l1", "k_fused (fused with l0)"), ("l0", "k_fused (fused with l1)"), ("l1", "k_norm"),
         ("(between kernels)", "wrapper")}
-    assert active["layer_sum_ms"] == pytest.approx(6.0) and active["live_ms"] == pytest.approx(8.0)
+    # beside the live latency of the windows the rows were sampled in, not of every window
+    assert active["layer_sum_ms"] == pytest.approx(6.0) and active["live_ms"] == pytest.approx(6.2)
+    assert active["live_ms_all"] == pytest.approx((50 * 8 + 150 * 6.2) / 200)
+    assert active["sampled_calls"] == MIN_SAMPLED_CALLS - 1
     with populated.session() as s:
         m = st.repo.get_model(s, "mini")
         base = next(v.id for v in st.repo.list_variants(s, m.id) if v.recipe_hash == Recipe().hash)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from profiler import KEY, SAMPLE, CallQueue, Profiler, ProfilerConfig
-from profiler._calls import KEY_EVERY, MAX_CYCLE
+from profiler._calls import KEY_EVERY, MAX_CYCLE, MIN_ONE_SHAPE
 
 
 def _marks(q: CallQueue, n: int) -> list[Any]:
@@ -40,6 +40,25 @@ def test_one_shape_alone_switches_to_sparse_keying_and_a_new_shape_back() -> Non
     assert len(entries) == 40
     assert keys[:20] == ["b1 s16"] * 20 and keys[20:] == ["b1 s64"] * 20
     assert q.dense and None not in _marks(q, 200)
+
+
+def test_a_drain_of_a_few_calls_of_one_shape_keeps_every_call_keyed() -> None:
+    """Seen in CI: a window closed two calls into a stream alternating two shapes; the drain
+    saw one shape "alone", keying went sparse, and two calls were counted under the other
+    shape's key."""
+    q = CallQueue(100)
+    a, b = (torch.Size([1, 8]), torch.int64), (torch.Size([1, 40]), torch.int64)
+    for shape in (a, b, a):
+        q.record((1, shape, 1000, False, False, 0))
+    q.drain()
+    for _ in range(2):
+        q.record((1, a, 1000, False, False, 0))
+    q.drain()  # two calls of the last shape: no evidence of a one-shape stream
+    assert q.dense and None not in _marks(q, 200)
+    for _ in range(MIN_ONE_SHAPE):
+        q.record((1, a, 1000, False, False, 0))
+    q.drain()
+    assert not q.dense
 
 
 def test_a_rate_rarer_than_the_longest_cycle_samples_one_sample_mark_in_k() -> None:
@@ -77,7 +96,7 @@ def test_the_agents_inline_steps_count_every_call_under_its_own_shape() -> None:
     assert {r.shape_bucket: r.count for r in win.requests} == {"b1 s16": 200, "b1 s128": 100}
     for _ in range(400):
         call(short)
-        if _ == 10:
+        if _ == MIN_ONE_SHAPE:
             prof.status()  # a drain that sees one shape alone: sparse keying from here
     assert not prof.calls.dense
     win = prof.close_window()

@@ -137,7 +137,12 @@ class ActiveProfile(BaseModel):
         "layers each was generated from; `op_type` names the kernel and the layers it fuses "
         "with; `(between kernels)` is the wrapper's time")
     layer_sum_ms: float = Field(description="the rows' mean times added up: one call")
-    live_ms: float | None = Field(description="the variant's live end-to-end mean latency")
+    live_ms: float | None = Field(
+        description="the variant's live end-to-end mean latency over the windows its rows were "
+        "sampled in (what the rows' sum is to match)")
+    live_ms_all: float | None = Field(
+        None, description="the same over every window since `since`")
+    sampled_calls: int = Field(0, description="calls sampled in those windows")
 
 
 class ProfilePublic(BaseModel):
