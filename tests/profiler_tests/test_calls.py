@@ -43,7 +43,7 @@ def test_one_shape_alone_switches_to_sparse_keying_and_a_new_shape_back() -> Non
 
 
 def test_a_drain_of_a_few_calls_of_one_shape_keeps_every_call_keyed() -> None:
-    """Seen in CI: a window closed two calls into a stream alternating two shapes; the drain
+    """Seen in a test run: a window closed two calls into a stream alternating two shapes; the drain
     saw one shape "alone", keying went sparse, and two calls were counted under the other
     shape's key."""
     q = CallQueue(100)
