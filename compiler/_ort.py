@@ -243,7 +243,7 @@ class OrtModule(nn.Module):
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(onnx, opts, providers=["CPUExecutionProvider"])
-        self._source = source if source is not None else _kept(onnx)
+        self._source = source if source is not None else (lambda: onnx)
         self.threads = threads
         self.input_names = input_names
         self.signature: inspect.Signature | None = None
@@ -312,7 +312,3 @@ def onnxruntime_version() -> str:
     import onnxruntime
 
     return str(onnxruntime.__version__)
-
-
-def _kept(onnx: bytes | str) -> Callable[[], bytes | str]:
-    return lambda: onnx

@@ -153,7 +153,8 @@ class CallQueue:
         # moved to another shape is keyed densely until a drain sees that shape alone
         # ... and sparse keying starts only once a drain saw enough keyed calls of one shape:
         # a drain of a call or two (a window closing mid-stream) proves nothing, and keying
-        # sparsely from there counted alternating shapes under each other's keys (seen in a test run)
+        # sparsely from there counted alternating shapes under each other's keys (seen in a
+        # test run)
         dense = changes > 0 or (self.dense and seen < MIN_ONE_SHAPE)
         if dense != self.dense:
             self.dense = dense

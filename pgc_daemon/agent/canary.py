@@ -69,8 +69,9 @@ def run(
     100 of them). The canary ends with a verdict only on evidence: at least
     ``MIN_CANARY_CALLS`` live calls per arm and, when shadow checks are asked for,
     ``canary_shadow_samples`` of them. Short of that at the hard deadline it waits for
-    traffic (bounded, see ``EVIDENCE_WAIT``), then fails. ``stop`` (the agent shutting down) and ``abandoned`` (someone else moved the
-    deployment, e.g. an operator's cancel) end it at once without a promotion. ``tolerance``:
+    traffic (bounded, see ``EVIDENCE_WAIT``), then fails. ``stop`` (the agent shutting down)
+    and ``abandoned`` (someone else moved the deployment, e.g. an operator's cancel) end it
+    at once without a promotion. ``tolerance``:
     how much slower than the control the candidate may be in the verdict (default: the
     policy's ``canary_latency_tolerance``; see :func:`tolerance_for`). How long the canary
     runs is set by ``canary_latency_tolerance`` alone: between two variants of about the same
@@ -106,7 +107,7 @@ def run(
                 continue  # said above, before a verdict on what was seen so far
             now = time.monotonic()
             if compared_from is None:
-                if not (served.at_its_threads(candidate) and served.at_its_threads(control)):
+                if not at_their_threads(served, candidate, control):
                     if now >= evidence_deadline:
                         break  # the verdict says what was missing
                     continue
@@ -137,6 +138,12 @@ def run(
         judged = judged._replace(
             reason=f"{judged.reason}; the arms' thread counts were still being measured")
     return judged
+
+
+def at_their_threads(served: Served, *arms: Slot) -> bool:
+    """Whether every arm serves at the intra-op thread count measured for it: what a
+    side-by-side comparison of live latencies waits for."""
+    return all(served.at_its_threads(arm) for arm in arms)
 
 
 def tolerance_for(source: str, policy: Policy) -> float | None:

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from pgc_daemon.agent.canary import MIN_CANARY_CALLS
+from pgc_daemon.agent.canary import MIN_CANARY_CALLS, at_their_threads
 from pgc_daemon.agent.livecompare import LiveComparison
 from pgc_daemon.agent.livecompare import compare as compare_live
 
@@ -115,8 +115,7 @@ def live_ab(served: Any, seconds: float = AB_S) -> LiveComparison | None:
     try:
         # as in the canary: compared once both serve at their measured thread counts
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not (
-                served.at_its_threads(slot) and served.at_its_threads(base)):
+        while time.monotonic() < deadline and not at_their_threads(served, slot, base):
             time.sleep(0.05)
         live.latency_ms[base.variant_id].clear()
         live.latency_ms[slot.variant_id].clear()
