@@ -15,8 +15,8 @@ of that). So the unsampled call does no Python of the profiler's at all:
   steps in place would cost as much again, so every call is charged what they cost with the
   caches cold, measured once per process (:func:`inline_cost_ns`).
 
-Every call is keyed (``dense``) until a drain sees one shape alone (at least
-:data:`MIN_ONE_SHAPE` keyed calls of it); then, while live traffic
+Every call is keyed (``dense``) until :data:`MIN_ONE_SHAPE` keyed calls in a row, over
+one drain or several, have had one shape; then, while live traffic
 keeps that shape, one call in :data:`KEY_EVERY` is keyed and the calls between are counted
 under the key before them; as soon as a drain sees another shape, every call is keyed again.
 A shape change in a one-shape stream is therefore counted under the old key for at most
@@ -44,7 +44,7 @@ KEY = 0
 SAMPLE = 1
 #: while traffic keeps one shape, one call in this many is keyed
 KEY_EVERY = 16
-#: keyed calls of one shape a drain must see (and none of another) before keying sparsely
+#: keyed calls of one shape in a row (over any number of drains) before keying sparsely
 MIN_ONE_SHAPE = 2 * KEY_EVERY
 #: the longest cycle of marks kept; a rarer rate takes every k-th ``SAMPLE`` mark (``due``)
 MAX_CYCLE = 4096
@@ -88,11 +88,13 @@ class CallQueue:
         self._queue: collections.deque[Entry] = collections.deque(maxlen=maxlen)
         self.record: Callable[[Entry], None] = self._queue.append
         self.every = every
-        self.dense = True  # until a drain has seen one shape alone
+        self.dense = True  # until MIN_ONE_SHAPE keyed calls in a row had one shape
         self._skip = self._left = 1
         self.mark: Callable[[], int | None] = self._cycle()
         #: the key of the last keyed call drained (unkeyed calls are counted under it)
         self.last_key: str | None = None
+        #: keyed calls in a row, up to the last drained, that had ``last_key``
+        self.run = 0
         #: drains that found the queue full: older calls were dropped uncounted
         self.overflows = 0
 
@@ -137,10 +139,10 @@ class CallQueue:
         buckets = list(map(_bucket, entries))
         keyed = itertools.compress(range(n), map(operator.is_not, buckets, itertools.repeat(None)))
         last = self.last_key
-        changes = filled = seen = 0
+        run = self.run
+        changes = filled = 0
         keys: list[str] = []
         for i in keyed:  # in sparse keying one call in KEY_EVERY: the loop stays short
-            seen += 1
             b = buckets[i]
             b = b if b.__class__ is str else key_of(*b)
             if b != last:
@@ -148,16 +150,18 @@ class CallQueue:
                 filled = i
                 changes += last is not None
                 last = b
+                run = 0
+            run += 1
         keys.extend([last or "-"] * (n - filled))
         # a change against the previous drain's last key counts too: a one-shape stream that
-        # moved to another shape is keyed densely until a drain sees that shape alone
-        # ... and sparse keying starts only once a drain saw enough keyed calls of one shape:
-        # a drain of a call or two (a window closing mid-stream) proves nothing, and keying
-        # sparsely from there counted alternating shapes under each other's keys (seen in a
-        # test run)
-        dense = changes > 0 or (self.dense and seen < MIN_ONE_SHAPE)
+        # moved to another shape is keyed densely again. Sparse keying starts once enough
+        # keyed calls in a row had one shape, counted across drains: a drain of a call or two
+        # (a window closing mid-stream) proves nothing alone (keying sparsely from there
+        # counted alternating shapes under each other's keys, seen in a test run), and a
+        # model slower than a drain period / MIN_ONE_SHAPE never sees that many in one drain
+        dense = changes > 0 or (self.dense and run < MIN_ONE_SHAPE)
         if dense != self.dense:
             self.dense = dense
             self.mark = self._cycle()
-        self.last_key = last
+        self.last_key, self.run = last, run
         return entries, keys

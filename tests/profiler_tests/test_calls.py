@@ -20,7 +20,7 @@ def test_one_call_in_n_is_marked_for_sampling_and_dense_keying_marks_every_call(
     q = CallQueue(100)
     marks = _marks(q, 1000)
     assert marks.count(SAMPLE) == 10 and marks[0] == SAMPLE
-    assert None not in marks  # dense until a drain has seen one shape alone
+    assert None not in marks  # dense until enough keyed calls in a row had one shape
 
 
 def test_one_shape_alone_switches_to_sparse_keying_and_a_new_shape_back() -> None:
@@ -59,6 +59,30 @@ def test_a_drain_of_a_few_calls_of_one_shape_keeps_every_call_keyed() -> None:
         q.record((1, a, 1000, False, False, 0))
     q.drain()
     assert not q.dense
+
+
+def test_one_shape_over_many_small_drains_switches_to_sparse_keying() -> None:
+    """A model slower than a drain period over MIN_ONE_SHAPE (MiniLM in the overhead bench:
+    ~8 calls a drain) once stayed dense forever: the keyed calls in a row count across
+    drains, and a change starts the count again."""
+    q = CallQueue(100)
+    a, b = (torch.Size([1, 8]), torch.int64), (torch.Size([1, 40]), torch.int64)
+    for _ in range(MIN_ONE_SHAPE // 8 - 1):
+        for _ in range(8):
+            q.record((1, a, 1000, False, False, 0))
+        q.drain()
+        assert q.dense
+    for _ in range(7):
+        q.record((1, a, 1000, False, False, 0))
+    q.record((1, b, 1000, False, False, 0))  # a change just short of the count
+    q.drain()
+    assert q.dense and q.run == 1
+    for _ in range(MIN_ONE_SHAPE // 8):
+        assert q.dense
+        for _ in range(8):
+            q.record((1, b, 1000, False, False, 0))
+        q.drain()
+    assert not q.dense and None in _marks(q, 100)
 
 
 def test_a_rate_rarer_than_the_longest_cycle_samples_one_sample_mark_in_k() -> None:
