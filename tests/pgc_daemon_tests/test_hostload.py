@@ -3,8 +3,10 @@ counters: a real busy process next door shows, and goes once it ends."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 
 from pgc_daemon.agent.hostload import OtherLoad
@@ -71,3 +73,45 @@ def test_unreadable_counters_give_no_load() -> None:
 
     load = OtherLoad(read=broken)
     assert load.cores() is None and load.cores() is None
+
+
+def test_request_threads_reading_at_once_read_the_counters_once() -> None:
+    """Seen in demo run 16: "6.7 cores busy outside this process" on a 2-core machine. Two
+    request threads past the interval both read; the second divided its busy time by the
+    microseconds since the first's reading."""
+    reads = []
+
+    def one_core_busy() -> tuple[float, float]:  # a slow read of a machine with 1 core busy
+        t = time.monotonic()
+        reads.append(t)
+        time.sleep(0.05)
+        return t, 0.0
+
+    load = OtherLoad(interval_s=0.3, alpha=1.0, read=one_core_busy)
+    load.cores()
+    time.sleep(0.35)
+    start = threading.Barrier(8)
+    values: list[float | None] = []
+
+    def request() -> None:
+        start.wait()
+        values.append(load.cores())
+
+    threads = [threading.Thread(target=request) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(reads) == 2, reads
+    value = load.cores()
+    assert value is not None and 0.8 < value < 1.2, value
+    assert all(v is None or v == value for v in values), values
+
+
+def test_a_reading_never_says_more_cores_than_the_machine_has() -> None:
+    now = [0.0]
+    readings = iter([(0.0, 0.0), (1000.0, 0.0)])  # a counter that jumped
+    load = OtherLoad(interval_s=2.0, alpha=1.0, clock=lambda: now[0], read=lambda: next(readings))
+    load.cores()
+    now[0] = 2.0
+    assert load.cores() == os.cpu_count()
