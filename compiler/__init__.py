@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from compiler.parts import DynamicShapes, Fusion, Kernels, Layout, Partition, ShapeBuckets
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
     from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
+    from compiler._siblings import may_have_sibling_linears
 
 _LAZY: dict[str, str] = {
     "BuildReport": "compiler._registry",
@@ -73,6 +74,7 @@ _LAZY: dict[str, str] = {
     "LayerSensitivity": "compiler.sensitivity",
     "SensitivityReport": "compiler.sensitivity",
     "sensitivity": "compiler.sensitivity",
+    "may_have_sibling_linears": "compiler._siblings",
 }
 #: Public names whose object has another name in its module.
 _RENAMED = {"openvino_backends": "search_backends"}

@@ -1,5 +1,5 @@
-"""Fusion: fold BatchNorm into convolutions, and run conv+ReLU / linear+activation as one
-kernel.
+"""Fusion: fold BatchNorm into convolutions, run conv+ReLU / linear+activation as one
+kernel, and sibling linears as one GEMM (:mod:`compiler._siblings`).
 
 Which module feeds which is read from ``nn.Sequential`` order, or from an FX trace of the
 parent module with its direct children kept as leaves; a pair is fused only when the first
@@ -26,6 +26,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from compiler import _measure
 from compiler._registry import BuildContext, register_transform
+from compiler._siblings import fuse_siblings
 from compiler.parts import Fusion
 
 _ACTS: dict[type, tuple[str, str]] = {
@@ -216,6 +217,8 @@ def fuse(model: nn.Module, part: Fusion, ctx: BuildContext) -> nn.Module:
     if part.is_identity:
         return model
     report = ctx.report
+    if part.linear_siblings:
+        model = fuse_siblings(model, ctx)
     folded = 0
     if part.conv_bn:
         for prefix, parent in _parents(model):

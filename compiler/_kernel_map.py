@@ -78,11 +78,15 @@ def with_kernel_events(environ: dict[str, str] | None = None) -> dict[str, str]:
 ROOT = "(root)"
 
 
-def node_layers(program: Any) -> dict[str, str | None]:
-    """Each computing FX node of an exported program, in graph order -> the innermost module
-    it was traced in; None for nodes no module call made and for the quantize and dequantize
-    ops pt2e inserts (their stack is the root's), which then count for no layer."""
-    out: dict[str, str | None] = {}
+def node_layers(program: Any) -> dict[str, tuple[str, ...] | None]:
+    """Each computing FX node of an exported program, in graph order -> the layers it
+    computes: the innermost module it was traced in (a fused linear's members, for sibling
+    linears run as one: ``compiler._siblings``); None for nodes no module call made and for
+    the quantize and dequantize ops pt2e inserts (their stack is the root's), which then
+    count for no layer."""
+    from compiler._siblings import members_of
+
+    out: dict[str, tuple[str, ...] | None] = {}
     for node in program.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -90,7 +94,7 @@ def node_layers(program: Any) -> dict[str, str | None]:
         if not stack or "quantized_decomposed" in str(node.target):
             out[node.name] = None  # pt2e's quantize/dequantize: in the root's stack, no layer's
         else:
-            out[node.name] = list(stack.values())[-1][0] or ROOT
+            out[node.name] = members_of(list(stack.values())[-1][0] or ROOT)
     return out
 
 
@@ -106,28 +110,30 @@ def kernel_map(program: Any, package: str | Path) -> KernelMap | None:
         if not names:
             return None
         info = json.loads(z.read(names[0]))
-    layer_of = node_layers(program)
+    layers_of = node_layers(program)
     ordered = sorted(info.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0))
     kernel_of: dict[str, int] = {}  # node -> index of the kernel that computes it
     for k, (_, entry) in enumerate(ordered):
         for n in entry.get("pre_grad_nodes") or []:
             kernel_of.setdefault(n, k)
-    covered = {layer_of.get(n) for n in kernel_of}
+    covered = {layer for n in kernel_of for layer in layers_of.get(n) or ()}
     extra: dict[int, list[str]] = {}
     pending: list[str] = []
-    for n, layer in layer_of.items():
+    for n, layers in layers_of.items():
         if n in kernel_of:
             extra.setdefault(kernel_of[n], []).extend(pending)
             pending = []
-        elif layer is not None and layer not in covered and layer not in pending:
-            pending.append(layer)
+            continue
+        for layer in layers or ():
+            if layer not in covered and layer not in pending:
+                pending.append(layer)
     if pending and kernel_of:  # unmapped layers at the end: the last kernel computed them
         extra.setdefault(max(kernel_of.values()), []).extend(pending)
     out: KernelMap = {}
     for k, (key, entry) in enumerate(ordered):
         name = key.rpartition(":")[0] or key
-        own = [layer_of.get(n) for n in entry.get("pre_grad_nodes") or []]
-        layers = list(dict.fromkeys(extra.get(k, []) + [x for x in own if x is not None]))
+        own = [x for n in entry.get("pre_grad_nodes") or [] for x in layers_of.get(n) or ()]
+        layers = list(dict.fromkeys(extra.get(k, []) + own))
         out.setdefault(name, []).append(layers or [ROOT])
     return out
 

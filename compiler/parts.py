@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from compiler._errors import RecipeError
 
@@ -145,35 +145,43 @@ class Fusion:
     ``conv_bn`` folds an eval-mode BatchNorm into the convolution before it (exact up to
     rounding); ``conv_bn_relu`` also runs the ReLU after it inside the convolution's kernel
     (needs ``conv_bn``); ``linear_act`` runs a Linear and the activation after it (ReLU, GELU,
-    SiLU, tanh) as one kernel. Which kernel does the fused work depends on the machine and the
-    backend and is written to the build report (Inductor fuses epilogues itself; eager on x86
-    uses oneDNN's fused pointwise kernels where they measure faster).
+    SiLU, tanh) as one kernel; ``linear_siblings`` runs linears of one parent that read the
+    same tensor (query, key, value) as one linear (``compiler._siblings``; compiled recipes).
+    Which kernel does the fused work depends on the machine and the backend and is written to
+    the build report (Inductor fuses epilogues itself; eager on x86 uses oneDNN's fused
+    pointwise kernels where they measure faster).
     """
 
     conv_bn: bool = False
     conv_bn_relu: bool = False
     linear_act: bool = False
+    linear_siblings: bool = False
+
+    NAMES: ClassVar[tuple[str, ...]] = ("conv_bn", "conv_bn_relu", "linear_act", "linear_siblings")
 
     def __post_init__(self) -> None:
-        for name in ("conv_bn", "conv_bn_relu", "linear_act"):
+        for name in self.NAMES:
             _bool(getattr(self, name), f"fusion.{name}")
         if self.conv_bn_relu and not self.conv_bn:
             raise RecipeError("fusion.conv_bn_relu needs conv_bn (the BatchNorm is folded first)")
 
     @property
     def is_identity(self) -> bool:
-        return not (self.conv_bn or self.conv_bn_relu or self.linear_act)
+        return not any(getattr(self, n) for n in self.NAMES)
 
     def label(self) -> str:
-        names = [n for n in ("conv_bn", "conv_bn_relu", "linear_act") if getattr(self, n)]
+        names = [n for n in self.NAMES if getattr(self, n)]
         return "fuse:" + "+".join(names) if names else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"conv_bn": self.conv_bn, "conv_bn_relu": self.conv_bn_relu, "linear_act": self.linear_act}
+        out = {"conv_bn": self.conv_bn, "conv_bn_relu": self.conv_bn_relu, "linear_act": self.linear_act}
+        if self.linear_siblings:  # written only when on: older recipes keep their hashes
+            out["linear_siblings"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fusion:
-        only_keys(data, {"conv_bn", "conv_bn_relu", "linear_act"}, "fusion")
+        only_keys(data, set(cls.NAMES), "fusion")
         return cls(**dict(data))
 
 

@@ -203,6 +203,28 @@ def test_space_turns_params_into_recipes(mlp_spec: dict) -> None:
     assert fp32.is_identity
 
 
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key, self.value = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.query(x) @ self.key(x).T, -1) @ self.value(x)
+
+
+def test_compiled_recipes_run_sibling_linears_as_one_where_the_model_has_them(mlp_spec: dict) -> None:
+    hw = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
+    space = build_space(_Attention(), [], hw, backends=("inductor", "eager", "onnxruntime"))
+    assert space.sibling_linears and space.to_dict()["sibling_linears"]
+    for backend, fused in (("inductor", True), ("eager", False), ("onnxruntime", False)):
+        recipe = space.recipe(space.params("int8-static-pc", backend))
+        assert recipe.fusion.linear_siblings is fused
+        assert space.params_for(recipe) is not None  # warm starts still find it
+    mlp = build_space(mlp_spec["model"], [], hw)  # a Sequential's linears run in a chain
+    assert not mlp.sibling_linears
+    assert mlp.recipe(mlp.params("int8-static-pc", "inductor")).fusion.is_identity
+
+
 def _report(rows: list[tuple[str, str, float | None, str]]) -> SensitivityReport:
     from compiler import LayerSensitivity, SensitivityReport
 
