@@ -40,6 +40,7 @@ import torch
 
 from compiler import (
     Backend,
+    Fusion,
     Quantization,
     Recipe,
     build,
@@ -137,17 +138,22 @@ def minilm(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, An
 
     static = {"_default": "int8-static-pc"}
     inductor = Backend("inductor")
+    # as the search builds them: query, key and value as one linear (compiler._siblings)
+    sib = Fusion(linear_siblings=True)
     families: list[Family] = [
-        ("fp32 inductor", Recipe(backend=inductor), False),
-        ("bf16 inductor", Recipe(quantization=Quantization.of({"_default": "bf16"}), backend=inductor), False),
-        ("int8 dynamic", Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}), backend=inductor),
-         False),
-        ("int8 static (pt2e)", Recipe(quantization=Quantization.of(static), backend=inductor), False),
+        ("fp32 inductor", Recipe(backend=inductor, fusion=sib), False),
+        ("bf16 inductor", Recipe(quantization=Quantization.of({"_default": "bf16"}), backend=inductor,
+                                 fusion=sib), False),
+        ("int8 dynamic", Recipe(quantization=Quantization.of({"_default": "int8-dynamic-pc"}),
+                                backend=inductor, fusion=sib), False),
+        ("int8 static (pt2e)", Recipe(quantization=Quantization.of(static), backend=inductor,
+                                      fusion=sib), False),
         (f"int8 static, {len(keep)} most sensitive fp32",
-         Recipe(quantization=Quantization.of({**static, **{n: "fp32" for n in keep}}), backend=inductor), False),
+         Recipe(quantization=Quantization.of({**static, **{n: "fp32" for n in keep}}), backend=inductor,
+                fusion=sib), False),
         (f"int8 static, {len(keep)} most sensitive dynamic",
          Recipe(quantization=Quantization.of({**static, **{n: "int8-dynamic-pc" for n in keep}}),
-                backend=inductor), False),
+                backend=inductor, fusion=sib), False),
         *peers(Quantization.of({"_default": "int8-dynamic-pc"})),
     ]
     if args.quick:
@@ -202,7 +208,7 @@ def minilm(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, An
 
 
 def cnn(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    from compiler.parts import Fusion, Layout
+    from compiler.parts import Layout
     from pgc_daemon.examples import digits
 
     progress("CNN: training on scikit-learn digits")

@@ -143,16 +143,10 @@ def _groups(model: nn.Module, ctx: BuildContext) -> list[list[str]]:
         if recipe is not None and len(names) > 1:
             choices = {recipe.quantization.choice_for(n)[0]
                        for n in [*names, fused_name(names)]}
-            same = same and len(choices) == 1 and _fusable(next(iter(choices)))
+            same = same and len(choices) == 1
         if len(names) > 1 and same:
             out.append(names)
     return out
-
-
-def _fusable(choice: Any) -> bool:
-    """Choices a fused linear takes as its members would: fp32 and int8 dynamic or static.
-    (bf16/fp16 casts wrap a module's call; int8 weight-only is left to its own kernel.)"""
-    return choice.is_identity or (choice.precision == "int8" and choice.scheme != "weight_only")
 
 
 def fuse_siblings(model: nn.Module, ctx: BuildContext) -> nn.Module:

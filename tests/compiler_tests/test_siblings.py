@@ -95,6 +95,23 @@ def test_siblings_are_left_apart_where_the_recipe_would_split_them(tiny_bert) ->
     assert "left apart" in ctx.report.notes[-1]
 
 
+@pytest.mark.parametrize("choice", ["bf16", "int8-dynamic-pc"])
+def test_a_choice_made_on_the_module_applies_to_the_fused_linear(tiny_bert, choice) -> None:
+    """bf16 casts and torchao's int8 act on the fused linear as on any (its members have no
+    weights of their own)."""
+    from compiler._quant import quantize
+
+    q = Quantization.of({"_default": choice})
+    model, ctx = _fused(tiny_bert, Recipe(quantization=q, fusion=SIBLINGS,
+                                          backend=Backend("inductor")))
+    model = quantize(model, q, ctx)
+    assert ctx.report.applied[fused_name(QKV)] == choice
+    assert not set(QKV) & set(ctx.report.skipped)
+    with torch.inference_mode():
+        for a, _ in tiny_bert["inputs"][:4]:
+            assert compare(tiny_bert["model"](*a), model(*a))["cosine"] > 0.99
+
+
 def test_the_fused_linear_names_its_members_and_the_graph_attributes_it_to_them(tiny_bert) -> None:
     assert members_of(fused_name(QKV)) == tuple(QKV)
     assert members_of(QKV[0]) == (QKV[0],)
