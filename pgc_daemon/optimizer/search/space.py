@@ -38,13 +38,8 @@ from compiler.recipe import DEFAULT_KEY
 from profiler import parse_key
 
 QUANTIZABLE = (nn.Linear,)
-BASE_CHOICES = (
-    "fp32",
-    "int8-static-pc",
-    "int8-dynamic-pc",
-    "int8-dynamic-pt",
-    "int8-weight_only-pc",
-)
+BASE_CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt",
+                "int8-weight_only-pc")
 SAFE = "fp32"
 #: the int8 each peer backend is tried in first: ONNX Runtime's dynamic quantization, and
 #: OpenVINO in its default precision with NNCF's static int8 (measured fastest of each here)
@@ -77,8 +72,7 @@ class Space:
     offers ``shape_choices`` for them)."""
     shape_choices: tuple[str, ...] = SHAPE_CHOICES
     sibling_linears: bool = False
-    """The model has linears that may read one tensor (query, key, value): compiled recipes
-    run them as one GEMM (``Fusion.linear_siblings``; 1.06x on MiniLM int8 at batch 1)."""
+    """Linears may read one tensor (query, key, value): Inductor recipes fuse them."""
 
     def choices_of(self, layer: str) -> tuple[str, ...]:
         return dict(self.per_layer).get(layer, self.layer_choices)
