@@ -158,7 +158,8 @@ class CallQueue:
         # keyed calls in a row had one shape, counted across drains: a drain of a call or two
         # (a window closing mid-stream) proves nothing alone (keying sparsely from there
         # counted alternating shapes under each other's keys, seen in a test run), and a
-        # model slower than a drain period / MIN_ONE_SHAPE never sees that many in one drain
+        # model serving fewer calls than that between two drains (they come every window,
+        # sooner once sampled calls pile up) would otherwise be keyed on every call
         dense = changes > 0 or (self.dense and run < MIN_ONE_SHAPE)
         if dense != self.dense:
             self.dense = dense
