@@ -69,7 +69,8 @@ RATE_EVENT_EVERY_S = 600.0
 MIN_SAMPLED_PER_UPDATE = 8
 MIN_SERVING_NS_PER_UPDATE = 1_000_000_000
 #: The ticker moves served calls into the window in batches: once this many are queued, when
-#: the controller is due to look, and when a window closes (``status`` drains too). A drain
+#: the controller is due to look, when a window closes (``status`` drains too), and when a
+#: drain could switch one-shape traffic to sparse keying (``CallQueue.switch_due``). A drain
 #: has a fixed cost (~70 µs of numpy calls on a 2-core VM): draining every second cost a 2 ms
 #: model's calls more than their own bookkeeping.
 DRAIN_AT_CALLS = 4096
@@ -537,7 +538,7 @@ class Profiler:
         last = self._last_totals
         due = (self.aggregator.totals().sampled - last.sampled >= MIN_SAMPLED_PER_UPDATE
                or now - self._last_adapt >= self.config.window_s)
-        if due or len(self.calls) >= DRAIN_AT_CALLS:
+        if due or len(self.calls) >= DRAIN_AT_CALLS or self.calls.switch_due():
             self._drain_calls()
         if due:
             self._last_adapt = now

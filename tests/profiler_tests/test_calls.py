@@ -126,3 +126,45 @@ def test_the_agents_inline_steps_count_every_call_under_its_own_shape() -> None:
     win = prof.close_window()
     assert {r.shape_bucket: r.count for r in win.requests} == {"b1 s16": 400}
     assert sum(r.sampled for r in win.requests) >= 400 // 7 - 2
+
+
+def test_the_ticker_drains_early_only_when_that_can_end_dense_keying() -> None:
+    """Drains come every window; while one shape is queued, the ticker drains once enough
+    calls are in to switch to sparse keying (MiniLM in the overhead bench, a few calls a
+    second, was keyed on every call for a whole window). Mixed shapes wait for the window."""
+    prof = Profiler(ProfilerConfig(sample_every=1000, budget=None, host_interval_s=None,
+                                   control_s=0.05, window_s=600.0), sink=lambda ws: None)
+    a, b = (torch.Size([1, 8]), torch.int64), (torch.Size([1, 40]), torch.int64)
+    prof.start()
+    try:
+        for i in range(MIN_ONE_SHAPE - 1):
+            prof.calls.record((1, a if i % 2 else b, 1000, False, False, 0))
+        time.sleep(0.3)
+        assert len(prof.calls) == MIN_ONE_SHAPE - 1  # too few to prove anything: not drained
+        prof.calls.record((1, b, 1000, False, False, 0))
+        deadline = time.monotonic() + 5
+        while len(prof.calls) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(prof.calls) == 0 and prof.calls.dense  # drained: it saw two shapes
+        for _ in range(2 * MIN_ONE_SHAPE):  # one shape now, but the last drain saw a change
+            prof.calls.record((1, a, 1000, False, False, 0))
+        time.sleep(0.3)
+        assert len(prof.calls) == 2 * MIN_ONE_SHAPE and prof.calls.dense
+        prof.status()  # a window's drain: it sees the change from the last key...
+        prof.calls.record((1, a, 1000, False, False, 0))
+        prof.status()  # ... and the next one the same shape throughout: sparse
+        assert not prof.calls.dense
+    finally:
+        prof.stop()
+    fresh = Profiler(ProfilerConfig(sample_every=1000, budget=None, host_interval_s=None,
+                                    control_s=0.05, window_s=600.0), sink=lambda ws: None)
+    fresh.start()
+    try:
+        for _ in range(MIN_ONE_SHAPE):
+            fresh.calls.record((1, a, 1000, False, False, 0))
+        deadline = time.monotonic() + 5
+        while fresh.calls.dense and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not fresh.calls.dense  # sparse within a tick, not a window
+    finally:
+        fresh.stop()
