@@ -132,22 +132,19 @@ def _groups(model: nn.Module, ctx: BuildContext) -> list[list[str]]:
     recipe = ctx.recipe
     out = []
     for names in groups.values():
+        if len(names) < 2 or any(SEP in n.rpartition(".")[2] for n in names):
+            continue
         mods = [modules[n] for n in names]
         first = mods[0]
-        same = all(
-            m.in_features == first.in_features and (m.bias is None) == (first.bias is None)
-            and m.weight.dtype == first.weight.dtype and m.weight.device == first.weight.device
-            for m in mods
-        )
-        same = same and all(SEP not in n.rpartition(".")[2] for n in names)
-        if recipe is not None and len(names) > 1:
-            choices = {recipe.quantization.choice_for(n)[0]
-                       for n in [*names, fused_name(names)]}
-            same = same and len(choices) == 1
-        if len(names) > 1 and same:
-            out.append(names)
+        if not all(m.in_features == first.in_features and (m.bias is None) == (first.bias is None)
+                   and m.weight.dtype == first.weight.dtype
+                   and m.weight.device == first.weight.device for m in mods):
+            continue
+        if recipe is not None and len({recipe.quantization.choice_for(n)[0]
+                                       for n in [*names, fused_name(names)]}) > 1:
+            continue  # members that the recipe treats apart stay apart
+        out.append(names)
     return out
-
 
 def fuse_siblings(model: nn.Module, ctx: BuildContext) -> nn.Module:
     """Fuse every sibling group of ``model`` in place (see the module doc); the report says
@@ -158,9 +155,9 @@ def fuse_siblings(model: nn.Module, ctx: BuildContext) -> nn.Module:
             f"fusion: sibling linears left apart ({recipe.backend.kind} runs the graph as is)")
         return model
     handled = ctx.state.setdefault("handled", set())
-    fused = 0
-    for names in _groups(model, ctx):
-        modules = dict(model.named_modules())
+    groups = _groups(model, ctx)
+    modules = dict(model.named_modules())  # each group replaces its own members only
+    for names in groups:
         mods: list[nn.Linear] = [modules[n] for n in names]  # type: ignore[misc]
         widths = [m.out_features for m in mods]
         first = mods[0]
@@ -182,6 +179,5 @@ def fuse_siblings(model: nn.Module, ctx: BuildContext) -> nn.Module:
             handled.add(member)
             ctx.report.applied[member] = f"computed in {name}"
         ctx.report.applied[name] = f"one linear {first.in_features}x{sum(widths)} for {len(names)}"
-        fused += 1
-    ctx.report.notes.append(f"fusion: {fused} group(s) of sibling linears run as one GEMM")
+    ctx.report.notes.append(f"fusion: {len(groups)} group(s) of sibling linears run as one GEMM")
     return model

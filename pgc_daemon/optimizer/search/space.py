@@ -360,7 +360,6 @@ def build_space(
     )
 
 
-
 def backends_for() -> tuple[str, ...]:
     """Inductor and eager everywhere; ONNX Runtime and OpenVINO where they are installed
     (OpenVINO as ``openvino`` and, where its default precision is not f32, ``openvino-f32``).
