@@ -148,6 +148,9 @@ def minilm(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, An
                                 backend=inductor, fusion=sib), False),
         ("int8 static (pt2e)", Recipe(quantization=Quantization.of(static), backend=inductor,
                                       fusion=sib), False),
+        ("int8 static (pt2e), max-autotune",
+         Recipe(quantization=Quantization.of(static), backend=Backend("inductor", "max-autotune"),
+                fusion=sib), False),
         (f"int8 static, {len(keep)} most sensitive fp32",
          Recipe(quantization=Quantization.of({**static, **{n: "fp32" for n in keep}}), backend=inductor,
                 fusion=sib), False),
@@ -246,6 +249,8 @@ def cnn(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
          Recipe(fusion=Fusion(True, True), layout=Layout("channels_last"), backend=inductor), False),
         ("bf16 inductor", Recipe(quantization=Quantization.of({"_default": "bf16"}), backend=inductor), False),
         ("int8 static (pt2e)", Recipe(quantization=static, backend=inductor), False),
+        ("int8 static (pt2e), max-autotune",
+         Recipe(quantization=static, backend=Backend("inductor", "max-autotune")), False),
         *peers(static),
     ]
     if args.quick:

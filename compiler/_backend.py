@@ -104,12 +104,22 @@ class FreezingCompiled(nn.Module):
             return self.compiled(*args, **kwargs)
 
 
+#: Inductor's buffer planning off for max-autotune. With its C++ GEMM templates (torch 2.13),
+#: a pt2e int8 linear whose residual add is fused as an in-place sum writes into the residual's
+#: buffer through an alias whose life the planner does not track: the buffer is freed and
+#: reused (or updated in place) while the alias is still read, and MiniLM's output came out
+#: wrong (cosine -0.09 against fp32; 2 of its layers are enough, 1 is not). Either flag alone
+#: fixed it; both are off, at no measured cost (MiniLM int8 package 3.82 ms a call either way).
+NO_BUFFER_PLANNING = {"allow_buffer_reuse": False, "inplace_buffers": False}
+
+
 def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, Any]:
     options: dict[str, Any] = {"freezing": freezing}
     if part.mode == "max-autotune":
         from torch._inductor import list_mode_options
 
         options.update(list_mode_options("max-autotune"))
+        options.update(NO_BUFFER_PLANNING)
     return options
 
 

@@ -222,3 +222,25 @@ def test_reduce_range_int8_layers_in_a_row_compile_to_what_their_graph_computes(
                                             package_path=str(tmp_path / "m.pt2"))
         got = aoti_load_package(path)(x)
     assert float((got - want).norm() / want.norm()) < 1e-3
+
+
+@pytest.mark.skipif(not _x86_onednn(), reason="Inductor's int8 GEMM templates are for x86")
+def test_max_autotune_int8_across_two_transformer_layers_computes_what_the_model_does(
+    tiny_bert: dict[str, Any],
+) -> None:
+    """Inductor's max-autotune (C++ GEMM templates) on a pt2e int8 graph of two transformer
+    layers: a residual add fused as an in-place sum into one layer's last linear leaves an
+    alias the buffer planner lost track of, and the next layer read a reused buffer (cosine
+    -0.04 against fp32 here, -0.09 on MiniLM). ``compile_options`` turns the planning off for
+    max-autotune. Built through ``torch.compile`` (the memory partition keeps a pt2e graph
+    whole) so the build checks nothing itself; a package build would only refuse it."""
+    from compiler.parts import Partition
+
+    model, inputs = tiny_bert["model"], tiny_bert["inputs"]
+    recipe = Recipe(quantization=STATIC, backend=Backend("inductor", "max-autotune"),
+                    partition=Partition("memory"))
+    built = build(model, recipe, calibration=inputs)
+    assert "max-autotune" in " ".join(built.report.notes)
+    with torch.inference_mode():
+        worst = min(compare(model(*a, **k), built.module(*a, **k))["cosine"] for a, k in inputs)
+    assert worst > 0.99

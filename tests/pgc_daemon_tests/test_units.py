@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from compiler import Hardware, SensitivityReport
+from compiler import Backend, Hardware, SensitivityReport
 from pgc_daemon.errors import PolicyError, SpecError
 from pgc_daemon.modelspec import as_examples, load_spec
 from pgc_daemon.policy import Policy
@@ -191,11 +191,13 @@ def test_space_turns_params_into_recipes(mlp_spec: dict) -> None:
     assert space.size == len(list(space.grid()))
     # each installed peer is tried first in its own int8, after all-int8 static Inductor
     peers = build_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], hw,
-                        backends=("inductor", "eager", "onnxruntime", "openvino", "openvino-f32"))
+                        backends=("inductor", "inductor-max", "eager", "onnxruntime", "openvino",
+                                  "openvino-f32"))
     tried = [(p["default"], p["backend"]) for p in peers.baselines()]
     assert tried == [("fp32", "inductor"), ("int8-static-pc", "inductor"),
                      ("int8-dynamic-pc", "onnxruntime"), ("int8-static-pc", "openvino"),
-                     ("int8-dynamic-pc", "inductor")]
+                     ("int8-dynamic-pc", "inductor"), ("int8-static-pc", "inductor-max")]
+    assert peers.recipe(peers.baselines()[-1]).backend == Backend("inductor", "max-autotune")
     alone = build_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], hw,
                         backends=("inductor", "eager"))
     assert [p["backend"] for p in alone.baselines()] == ["inductor"] * 3  # no peer, none tried
@@ -401,6 +403,7 @@ def test_the_policy_backends_narrow_the_space_to_what_is_installed(mlp_spec: dic
     space = shape_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], torch_only, sensitivity=None)
     assert space.backends == ("inductor", "eager")
     assert {p["backend"] for p in space.baselines()} == {"inductor"}
+    assert allowed_backends(Policy(backends=["inductor-max"])) == ("inductor-max",)
     ort = allowed_backends(Policy(backends=["onnxruntime", "eager"]), installed=("inductor", "eager"))
     assert ort == ("eager",)  # one not installed here is not offered
     with pytest.raises(SearchError, match="none of the policy's backends"):
