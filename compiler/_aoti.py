@@ -60,6 +60,8 @@ from compiler._dynamic import (
     probes,
     range_of,
 )
+from compiler._inputs import NOTE as INPUTS_NOTE
+from compiler._inputs import call_checked, copies
 from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
@@ -172,7 +174,9 @@ class PackageRunner:
     released for the call (:mod:`compiler._aoti_native`); any other through torch's loader,
     called directly (``AOTICompiledModel`` parses the call spec again on every call)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, copy_inputs: bool = False) -> None:
+        #: the package writes into its inputs: it is called on copies (``compiler._inputs``)
+        self.copy_inputs = copy_inputs
         self.native = NativePackage(path) if plain_package(path) else None
         self.loader = None if self.native is not None else _package_loader(path)
         spec = self.native.call_spec if self.native is not None else self.loader.get_call_spec()
@@ -187,6 +191,8 @@ class PackageRunner:
             kwargs = {k: kwargs[k] for k in self.kwarg_order}  # in the order exported
             leaves = tree_flatten((tuple(args), kwargs))[0]
             flat = [x for x in leaves if isinstance(x, torch.Tensor)]
+        if self.copy_inputs:
+            flat = [x.clone() for x in flat]
         outputs = self.native.run(flat) if self.native is not None else self.loader.boxed_run(flat)
         return tree_unflatten(outputs, self.out_spec)
 
@@ -292,7 +298,7 @@ def _compile_both_ways(
         aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
         aoti_compile_and_package(plain_program, package_path=str(plain_path), inductor_configs=configs)
         fused, plain = PackageRunner(path), PackageRunner(plain_path)
-        args, kwargs = example
+        args, kwargs = copies(example)  # a package may write into its inputs (compiler._inputs)
         choice, ms = _attention.choose(attention, lambda: fused(args, kwargs), lambda: plain(args, kwargs))
         if choice == "math":
             _drop_build_outputs(path)
@@ -378,14 +384,15 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
                                         notes=ctx.report.notes)[0])
             runner = PackageRunner(folder / name)
             with torch.no_grad():
-                err = relative_error(model(*ex[0], **ex[1]), runner(*ex))
+                got, runner.copy_inputs = call_checked(runner, ex)
+                err = relative_error(model(*ex[0], **ex[1]), got)
             if err > MAX_REL_ERROR:
                 raise ValueError(
                     f"the package's outputs differ from the module's (relative error {err:.3g})"
                 )
             runners[sig] = runner
             files.append(name)
-            inputs.append(signature_to_json(sig))
+            inputs.append(_with_copy(signature_to_json(sig), runner, ctx))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -417,7 +424,9 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
             for ex in checked:
                 want = original(*ex[0], **ex[1])
                 theirs = relative_error(want, model(*ex[0], **ex[1]))
-                err = relative_error(want, runner(*ex))
+                got, wrote = call_checked(runner, ex)
+                runner.copy_inputs |= wrote
+                err = relative_error(want, got)
                 if err > 1.25 * theirs + 0.01:
                     raise ValueError(
                         f"the dynamic package is off at length {_length_of(ex, dim)}: relative "
@@ -429,7 +438,8 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
     match = DynamicMatch(dim, low, high, mask_signature(signature(*example), dim, n))
     ctx.state["artifact"] = {
         "kind": "aoti", "folder": folder, "files": ["model0.pt2"], "kernels": kernels,
-        "inputs": [signature_to_json(match.masked) | {"dynamic": match.to_json()}],
+        "inputs": [_with_copy(signature_to_json(match.masked) | {"dynamic": match.to_json()},
+                              runner, ctx)],
     }
     span = f"{low}-{high if high is not None else 'any'}"
     ctx.report.kernel_paths["<compiled>"] = summarize_package(folder / "model0.pt2")
@@ -437,6 +447,14 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
         f"dynamic dim {dim}: one package for lengths {span}, checked against fp32 at lengths "
         + ", ".join(str(_length_of(ex, dim)) for ex in checked))
     return AotiModule({}, original, kernels, [(match, runner)])
+
+
+def _with_copy(entry: dict[str, Any], runner: PackageRunner, ctx: BuildContext) -> dict[str, Any]:
+    """A package's stored entry, saying whether it is served copies of its inputs."""
+    if not runner.copy_inputs:
+        return entry
+    ctx.report.notes.append(f"the package {INPUTS_NOTE}")
+    return entry | {"copy_inputs": True}
 
 
 def _length_of(example: Example, dim: int) -> int:
@@ -453,14 +471,15 @@ def load_aoti(
     runners: dict[Signature, PackageRunner] = {}
     dynamic: list[tuple[DynamicMatch, PackageRunner]] = []
     for name, sig in zip(files, inputs):
+        copy = sig.get("copy_inputs") is True
         if "dynamic" in sig:
             d = sig["dynamic"]
             match = DynamicMatch(int(d["dim"]), int(d["min"]),
                                  None if d["max"] is None else int(d["max"]),
                                  signature_from_json(sig))
-            dynamic.append((match, PackageRunner(folder / name)))
+            dynamic.append((match, PackageRunner(folder / name, copy_inputs=copy)))
         else:
-            runners[signature_from_json(sig)] = PackageRunner(folder / name)
+            runners[signature_from_json(sig)] = PackageRunner(folder / name, copy_inputs=copy)
     return AotiModule(runners, fallback, kernels, dynamic)
 
 

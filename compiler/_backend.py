@@ -38,6 +38,8 @@ import torch
 from torch import nn
 
 from compiler._errors import BuildError
+from compiler._inputs import NOTE as INPUTS_NOTE
+from compiler._inputs import CopiedInputs, call_checked
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, register_transform
 from compiler.parts import Partition
@@ -287,7 +289,7 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
         args, kwargs = example
         try:
             with torch.inference_mode(), capture_code() as codes, quiet("torch._guards"):
-                compiled(*args, **kwargs)
+                _, wrote = call_checked(lambda a, k: compiled(*a, **k), (args, kwargs))
         except torch.fx.experimental.symbolic_shapes.ConstraintViolationError as exc:
             dim = ctx.state.get("dynamic_dim")
             first = str(exc).strip().splitlines()[0][:200]
@@ -295,4 +297,7 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
                              f"it cannot be compiled dynamic ({first})") from None
         ctx.report.kernel_paths["<compiled>"] = summarize_kernels(codes)
         ctx.state["compiled_on"] = example
+        if wrote:
+            ctx.report.notes.append(f"the compiled module {INPUTS_NOTE}")
+            compiled = CopiedInputs(compiled)
     return compiled

@@ -244,3 +244,45 @@ def test_max_autotune_int8_across_two_transformer_layers_computes_what_the_model
     with torch.inference_mode():
         worst = min(compare(model(*a, **k), built.module(*a, **k))["cosine"] for a, k in inputs)
     assert worst > 0.99
+
+
+class _Residual(torch.nn.Module):
+    """``proj(x) + x`` on the model's own input: the add becomes an in-place sum on ``x``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + x
+
+
+@pytest.mark.skipif(not _x86_onednn(), reason="Inductor's int8 kernels are oneDNN's, on x86")
+@pytest.mark.parametrize("partition", ["latency", "memory"])
+def test_a_compiled_int8_variant_never_writes_into_the_callers_input(partition: str, tmp_path: Any) -> None:
+    """Inductor fuses ``proj(x) + x`` into the int8 linear as an in-place sum on ``x``, a
+    tensor the caller owns: unguarded, every call of the package (``latency``) or of
+    ``torch.compile`` (``memory``) added the projection into the request's input. The build
+    finds it and the variant is called on copies, also when loaded from its artifact."""
+    from compiler import CompileCache, load_artifact
+    from compiler.parts import Partition
+
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    cal = [((torch.randn(1, 16, 64),), {}) for _ in range(8)]
+    recipe = Recipe(quantization=STATIC, backend=Backend("inductor"), partition=Partition(partition))
+    cache = CompileCache(tmp_path / "cache", artifacts=tmp_path / "artifacts")
+    built = build(model, recipe, calibration=cal, example=cal[0], cache=cache)
+    assert any("writes into its inputs" in n for n in built.report.notes), built.report.notes
+    served = [built.module]
+    if built.artifact is not None:
+        served.append(load_artifact(model, recipe, built.artifact, cache=cache).module)
+    assert len(served) == (2 if partition == "latency" else 1)  # a package, stored and loaded
+    for module in served:
+        x = torch.randn(1, 16, 64)
+        kept = x.clone()
+        with torch.inference_mode():
+            first, second = module(x), module(x)
+        assert torch.equal(x, kept)
+        assert torch.equal(first, second)
+        assert compare(model(x), first)["cosine"] > 0.999
