@@ -14,13 +14,13 @@ one.
 What it does: for the variant that serves alone (no canary), calls go in alternating blocks to
 each candidate thread count (the configured count, half of it, and one) until every count has
 ``calls_per_arm`` steady calls (or, earlier, from ``early_calls`` on, once every other count is
-faster or slower than the configured one by the margin with confidence: a count twice as slow
-need not be served 40 times to be known); then the variant serves at the count whose
-trimmed-mean latency is lower than the configured count's with confidence by at least
-``margin``, else at the configured count. It decides again every ``reprobe_s``, and sooner
-(at most every ``min_reprobe_s``) once the cores kept busy outside this process have moved by
-``load_shift`` from what they were at the decision (:mod:`~pgc_daemon.agent.hostload`): a
-count chosen while a search worker held a core is wrong once the search is over.
+faster or slower than the incumbent by the margin with confidence: a count twice as slow need
+not be served 40 times to be known); then the variant serves at the count whose trimmed-mean
+latency is lower than the incumbent's (the configured count; on a probe again, the last
+choice) with confidence by ``margin``, else at the incumbent. It decides again every
+``reprobe_s``, and sooner (at most every ``min_reprobe_s``) once the cores busy outside this
+process have moved by ``load_shift`` from the decision's (:mod:`~pgc_daemon.agent.hostload`):
+a count chosen while a search worker held a core is wrong once the search is over.
 During a canary (and the demo's A/B) an arm already decided serves at its count, without
 probing again; an arm not yet decided is probed on its own calls, and the canary compares the
 two only once both serve at their counts (:func:`~pgc_daemon.agent.canary.run`), so the
@@ -71,9 +71,9 @@ PROBE_BLOCK = 8
 #: Steady calls per thread count before deciding.
 CALLS_PER_ARM = 40
 #: Steady calls per count after which the probe may stop early (every other count is clearly
-#: faster or slower than the configured one).
+#: faster or slower than the incumbent).
 EARLY_CALLS = 14
-#: A count other than the configured one must be at least this much faster, with confidence.
+#: A count other than the incumbent must be at least this much faster, with confidence.
 MARGIN = 0.03
 #: Probe again after this long.
 REPROBE_S = 900.0
@@ -101,6 +101,8 @@ class _Probe:
     """Trimmed-mean live latency (ms) per count at the last decision."""
     load: float | None = None
     """Cores busy outside this process at the last decision (None: not known)."""
+    previous: int | None = None
+    """The count chosen before this probe (a probe again): the one another must beat."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ class ThreadTuner:
             return Use(variant_id, self.configured, counted=False)
         probe = self._probe(variant_id)
         if probe.chosen is not None and not canary and self._stale(variant_id, probe):
-            probe.chosen = None  # probe again, as for a new variant
+            probe.previous, probe.chosen = probe.chosen, None  # probe again
             probe.samples = {n: [] for n in self.candidates}
         decided = probe.chosen is not None or len(self.candidates) == 1
         if decided:
@@ -238,27 +240,36 @@ class ThreadTuner:
             self._decide(use.variant_id, probe, self._compare(probe))
         elif min(counts) >= self.early_calls and probe.calls % self.block == 0:
             # Probing costs the calls served at a slower count: stop as soon as every other
-            # count is faster or slower than the configured one by the margin, with confidence.
+            # count is faster or slower than the incumbent by the margin, with confidence.
             comparisons = self._compare(probe)
             m = self.margin
             if all(c.high < 1.0 - m or c.low > 1.0 + m for c in comparisons.values()):
                 self._decide(use.variant_id, probe, comparisons)
 
+    def _incumbent(self, probe: _Probe) -> int:
+        """The count a probe keeps unless another beats it with confidence: the last decision's
+        (a count chosen under load stays when a probe again cannot tell; seen in the demo: an
+        int8 variant measured 11.3 ms at one thread and 13.0 at two under 1.5 busy cores, not
+        apart with confidence, and went back to two), else the configured count."""
+        return probe.previous if probe.previous in probe.samples else self.configured
+
     def _compare(self, probe: _Probe) -> dict[int, LiveComparison]:
-        base = probe.samples[self.configured]
-        return {n: compare(s, base) for n, s in probe.samples.items() if n != self.configured}
+        incumbent = self._incumbent(probe)
+        base = probe.samples[incumbent]
+        return {n: compare(s, base) for n, s in probe.samples.items() if n != incumbent}
 
     def _decide(
         self, variant_id: int | None, probe: _Probe, comparisons: dict[int, LiveComparison]
     ) -> None:
-        best, best_cmp = self.configured, None
+        kept = best = self._incumbent(probe)
+        best_cmp = None
         for n, c in comparisons.items():
             if c.high < 1.0 - self.margin and (best_cmp is None or c.ratio < best_cmp.ratio):
                 best, best_cmp = n, c
         # every other count against the chosen one, with its interval: what the search needs to
         # turn a ratio timed at one count into one against this variant as it serves
-        # (the comparisons already made, where the configured count stays)
-        against = comparisons if best == self.configured else {
+        # (the comparisons already made, where the incumbent stays)
+        against = comparisons if best == kept else {
             n: compare(s, probe.samples[best]) for n, s in probe.samples.items() if n != best}
         load = self._load()
         with self._lock:
@@ -268,8 +279,9 @@ class ThreadTuner:
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
         busy = "" if load is None else f"; {load:.1f} cores busy outside this process"
+        why = _describe(probe.results, best_cmp, kept if kept != self.configured else None)
         message = (f"variant {variant_id} serves at {best} intra-op thread(s), measured live: "
-                   f"{_describe(probe.results, best_cmp)}{busy}")
+                   f"{why}{busy}")
         log.info("%s", message)
         self._notify(message, {"variant_id": variant_id, "threads": best,
                                "live_ms": {str(n): ms for n, ms in probe.results.items()},
@@ -380,8 +392,9 @@ def _trimmed(samples: list[float]) -> float:
     return float(trimmed_mean(np.asarray(samples, dtype=float)))
 
 
-def _describe(results: dict[int, float], won: LiveComparison | None) -> str:
+def _describe(results: dict[int, float], won: LiveComparison | None, kept: int | None) -> str:
     parts = ", ".join(f"{ms:.2f} ms at {n}" for n, ms in sorted(results.items()))
     if won is None:
-        return f"{parts} (no other count faster with confidence)"
+        last = "" if kept is None else f"; {kept} kept from the last decision"
+        return f"{parts} (no other count faster with confidence{last})"
     return f"{parts} ({1 / won.ratio:.2f}x, 95% interval {1 / won.high:.2f}-{1 / won.low:.2f}x)"

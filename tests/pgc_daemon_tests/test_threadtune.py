@@ -193,6 +193,34 @@ def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
     assert 1.0 < low < ratio < high and ratio == pytest.approx(13.8 / 10.0, rel=0.05)
 
 
+def test_a_probe_again_that_cannot_tell_keeps_the_last_choice() -> None:
+    """Seen in demo run 17: under 1.5 busy cores an int8 variant measured 11.3 ms at one
+    thread and 13.0 at two, not apart with confidence, and went back to the configured two
+    it had left. A probe again now keeps the count it had unless another beats it."""
+    clock = _Clock()
+    heard: list[str] = []
+    tuner = _tuner(configured=2, reprobe_s=60.0, clock=clock,
+                   notify=lambda message, data: heard.append(message))
+    _serve(tuner, {2: 18.0, 1: 13.8}, 200)
+    assert tuner.chosen(7) == 1
+    clock.now = 61.0
+    # as noisy as live calls on a loaded machine: both counts spread over each other
+    g = torch.Generator().manual_seed(3)
+    for _ in range(400):
+        use = tuner.use(7)
+        assert use is not None
+        base = {2: 13.0, 1: 12.6}[use.threads]
+        tuner.record(use, base * float(1 + 0.6 * torch.rand(1, generator=g)))
+        if tuner.chosen(7) is not None:
+            break
+    assert tuner.chosen(7) == 1
+    assert "1 kept from the last decision" in heard[-1]
+    # a count that is faster with confidence still takes over from it
+    clock.now = 200.0
+    _serve(tuner, {2: 9.0, 1: 13.8}, 400)
+    assert tuner.chosen(7) == 2
+
+
 def test_the_openmp_runtime_torch_runs_on_is_found_among_several() -> None:
     """scikit-learn ships its own libgomp (seen in CI: picked first, it set nothing torch
     reads, and no count was ever tuned)."""
