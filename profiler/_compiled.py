@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -36,12 +37,18 @@ BETWEEN = "(between kernels)"
 OP_TYPE_MAX = 100
 
 
+#: what Inductor's C++ GEMM templates (max-autotune) put between the graph prefix and the
+#: kernel's name in its event: ``graph_0_gemm_m32n64k64_cpp_fused_…``
+_TEMPLATE_PREFIX = re.compile(r"^(?:grouped_gemm_g\d+|gemm_)m\d+n\d+k\d+_(?=cpp_)")
+
+
 def event_name(name: str) -> str:
-    """An event's name as a kernel map keys it (generated kernels carry a graph prefix)."""
+    """An event's name as a kernel map keys it (generated kernels carry a graph prefix, and a
+    GEMM template's the shape of its blocks as well)."""
     if name.startswith("graph_"):
         head, _, rest = name[6:].partition("_")
         if head.isdigit():
-            return rest
+            return _TEMPLATE_PREFIX.sub("", rest, count=1)
     return name
 
 
