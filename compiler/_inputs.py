@@ -6,10 +6,11 @@ residual's buffer (oneDNN's ``sum`` post-op, and the max-autotune GEMM templates
 ``self.proj(x) + x``), a call writes its sum into the caller's tensor: the request's input
 changes under the server, and a canary's second arm would run on what the first one wrote.
 
-A build therefore calls the compiled variant on copies of its example and compares them with
-what they were; a variant that wrote them is given copies of its inputs on every call from
-then on (a memory copy of the inputs; every other variant is called as it was), and the
-choice is stored with a package, so a process that loads it does the same.
+A build therefore calls the compiled variant on its example and compares the tensors with
+copies taken before (putting back what changed); a variant that wrote them is given copies of
+its inputs on every call from then on (a memory copy of the inputs; every other variant is
+called as it was), and the choice is stored with a package, so a process that loads it does
+the same.
 """
 
 from __future__ import annotations

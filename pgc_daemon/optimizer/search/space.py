@@ -44,8 +44,8 @@ SAFE = "fp32"
 #: the int8 each peer backend is tried in first: ONNX Runtime's dynamic quantization, and
 #: OpenVINO in its default precision with NNCF's static int8 (measured fastest of each here)
 PEER_BASELINES = {"onnxruntime": "int8-dynamic-pc", "openvino": "int8-static-pc"}
-#: Inductor's C++ GEMM templates for int8 linears (MiniLM int8 at batch 1, AVX-512 EPYC: 3.96
-#: against 4.50 ms a call; bf16 gained nothing); chosen by measurement like any backend
+#: Inductor's C++ GEMM templates for int8 linears (MiniLM int8 at batch 1, AVX-512 EPYC, head
+#: to head: 4.08 against 4.39 ms a call; bf16 gained nothing); chosen by measurement
 MAX_AUTOTUNE = "inductor-max"
 #: Whole-graph choices for convolutional models: as written, or BatchNorm folded, conv+ReLU
 #: fused and channels-last activations (what oneDNN's convolutions prefer).
