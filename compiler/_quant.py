@@ -24,9 +24,21 @@ from compiler._pt2e import PT2E_MODULES as STATIC_MODULES
 from compiler._pt2e import quantize_pt2e
 from compiler._registry import BuildContext, register_transform
 from compiler.hardware import probe
+from compiler.parts import BackendMode
 from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
 
 log = logging.getLogger("pgc.compiler")
+
+#: Inductor's max-autotune benchmarks its C++ GEMM template on made-up inputs, and for a
+#: dynamically quantized linear those include the activation's scale and zero point: on
+#: all-MiniLM-L6-v2 (torch 2.13, 2-core AVX-512 EPYC) int8 dynamic per-channel ended the
+#: process with a segfault, per-tensor with "corrupted double-linked list", padded or not.
+#: Refused before anything is built, so a search trial fails in a moment instead of taking
+#: its worker down; the default mode builds the same layers through oneDNN.
+MAX_AUTOTUNE_DYNAMIC = (
+    "int8 dynamic layers are not built through max-autotune: its GEMM autotuning crashes the "
+    "process on dynamically quantized linears (torch 2.13); the inductor backend builds them"
+)
 
 INT8_MODULES = (nn.Linear,)
 """Modules with an int8 dynamic / weight-only path (torchao)."""
@@ -125,6 +137,9 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
     plan, cannot = plan_layers(model, part, ctx)
     for name, why in cannot.items():
         ctx.report.skip(name, why)
+    if recipe is not None and recipe.backend.mode == BackendMode.MAX_AUTOTUNE and \
+            any(c.scheme == "dynamic" for c in plan.values()):
+        raise BuildError(MAX_AUTOTUNE_DYNAMIC)
     pt2e_plan = {n: c for n, c in plan.items() if c.scheme in ("static",)}
     dynamic = {n: c for n, c in plan.items() if c.scheme == "dynamic"}
     if dynamic and not pt2e_plan and recipe is not None and recipe.backend.kind == "inductor":

@@ -246,6 +246,29 @@ def test_max_autotune_int8_across_two_transformer_layers_computes_what_the_model
     assert worst > 0.99
 
 
+@pytest.mark.parametrize("rules", [
+    {"_default": "int8-dynamic-pc"},
+    {"_default": "int8-dynamic-pt"},
+    {"_default": "int8-static-pc", "encoder.encoder.layer.0.output.dense": "int8-dynamic-pc"},
+])
+def test_int8_dynamic_through_max_autotune_is_refused_before_anything_is_built(
+    tiny_bert: dict[str, Any], rules: dict[str, str]
+) -> None:
+    """max-autotune's GEMM autotuning ended the process on dynamically quantized linears
+    (MiniLM: a segfault per-channel, heap corruption per-tensor), which in a search is a
+    worker gone. It is refused up front, in a moment; the default mode builds the same."""
+    import time
+
+    from compiler import BuildError
+
+    model, inputs = tiny_bert["model"], tiny_bert["inputs"]
+    started = time.monotonic()
+    with pytest.raises(BuildError, match="not built through max-autotune"):
+        build(model, Recipe(quantization=Quantization.of(rules),
+                            backend=Backend("inductor", "max-autotune")), calibration=inputs)
+    assert time.monotonic() - started < 5
+
+
 class _Residual(torch.nn.Module):
     """``proj(x) + x`` on the model's own input: the add becomes an in-place sum on ``x``."""
 
