@@ -73,10 +73,24 @@ class Scenario:
 
 @dataclass
 class Table:
-    """Measured recipes by hash, and fp32 eager's latency on the table's inputs."""
+    """Measured recipes by hash, and fp32 eager's latency on the table's inputs.
+
+    A *lazy* table (``measure`` given) measures a recipe the first time a strategy visits it:
+    for spaces too large to measure whole (six hot layers: 4^7 recipes). Its best is then the
+    best of what any strategy (or an anchor) visited, not of the space."""
 
     entries: dict[str, dict[str, Any]]
     baseline_ms: float
+    measure: Callable[[dict[str, Any], Recipe], dict[str, Any]] | None = field(
+        default=None, compare=False)
+
+    def entry(self, params: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
+        e = self.entries.get(recipe.hash)
+        if e is None:
+            if self.measure is None:
+                raise KeyError(f"{recipe.label()} is not in the table")
+            e = self.entries[recipe.hash] = self.measure(params, recipe)
+        return e
 
     def feasible(self, policy: Policy) -> list[dict[str, Any]]:
         return [e for e in self.entries.values() if e["state"] == "complete"
@@ -90,6 +104,19 @@ class Table:
         if _meets(policy, 0.0, self.baseline_ms):
             scored.append((score(policy, 1.0, 0.0), "fp32 · eager"))
         return min(scored) if scored else (math.inf, "none")
+
+
+    def answered_by(self, policy: Policy, recipes: Sequence[Recipe], best: float) -> str | None:
+        """The first of ``recipes`` (a strategy's baselines) that is feasible and within the
+        target of ``best``: where one is, every strategy given the baselines reaches the
+        target at the same trial, and the sampler has nothing left to show."""
+        for recipe in recipes:
+            e = self.entries.get(recipe.hash)
+            if e is not None and e["state"] == "complete" and \
+                    _meets(policy, e["drop"], e["ratio"] * self.baseline_ms) and \
+                    reached(policy, score(policy, e["ratio"], e["drop"]), best):
+                return e["label"]
+        return None
 
 
 def _meets(policy: Policy, drop: float, latency_ms: float) -> bool:
@@ -112,7 +139,7 @@ def replay_evaluate(table: Table, policy: Policy, prune: bool) -> Callable[..., 
     """A Search ``evaluate`` that looks recipes up in the table instead of measuring."""
 
     def evaluate(number: int, params: dict[str, Any], recipe: Recipe) -> TrialRecord:
-        e = table.entries[recipe.hash]
+        e = table.entry(params, recipe)
         rec = TrialRecord(
             number=number, state="failed", params=dict(params), recipe=recipe.to_dict(),
             recipe_hash=recipe.hash, label=recipe.label(), message=e["message"],
@@ -158,12 +185,11 @@ class Run:
     seconds: list[float] = field(default_factory=list)
 
 
-def replay(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str, Space],
-           baselines: Sequence[dict[str, Any]], seed: int, cap: int, overhead_s: float,
-           best: float, metric: str = "accuracy") -> Run:
-    """Run ``strategy`` for ``cap`` trials over ``table``. ``spaces``: ``pruned`` and
-    ``full``; ``overhead_s``: what the pruned space cost to make (charged to the strategies
-    that use it)."""
+def trials(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str, Space],
+           baselines: Sequence[dict[str, Any]], seed: int, cap: int,
+           metric: str = "accuracy") -> list[TrialRecord]:
+    """The trials ``strategy`` makes in ``cap`` over ``table`` (``spaces``: ``pruned`` and
+    ``full``), in order."""
     records: list[TrialRecord] = []
     space = spaces["pruned" if strategy.pruned_space else "full"]
     search = Search(
@@ -177,19 +203,39 @@ def replay(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str
     if strategy.baselines:
         search.enqueue(baselines)
     search.run(cap)
-    spent = overhead_s if strategy.pruned_space else 0.0
+    return records
+
+
+def judge(records: Sequence[TrialRecord], table: Table, policy: Policy, best: float,
+          overhead_s: float) -> Run:
+    """Trials and seconds until a feasible trial within the target of ``best``, and the
+    best-so-far after each trial. Scores are the table's as it stands (a lazy table's top
+    recipes are re-timed after every strategy visited them); ``overhead_s`` is charged first."""
+    spent = overhead_s
     run = Run(trials=None, wall_s=math.inf)
     so_far = math.inf
     for i, r in enumerate(records, start=1):
         spent += r.duration_s
-        if r.state == "complete" and r.feasible:
-            value = score(policy, r.ratio, r.drop or 0.0)
+        e = table.entries.get(r.recipe_hash)
+        if r.state == "complete" and e is not None and \
+                _meets(policy, e["drop"], e["ratio"] * table.baseline_ms):
+            value = score(policy, e["ratio"], e["drop"] or 0.0)
             so_far = min(so_far, value)
             if run.trials is None and reached(policy, value, best):
                 run.trials, run.wall_s = i, spent
         run.curve.append(so_far)
         run.seconds.append(spent)
     return run
+
+
+def replay(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str, Space],
+           baselines: Sequence[dict[str, Any]], seed: int, cap: int, overhead_s: float,
+           best: float, metric: str = "accuracy") -> Run:
+    """Run ``strategy`` for ``cap`` trials over a whole ``table`` and judge it against
+    ``best``. ``overhead_s``: what the pruned space cost to make (charged to the strategies
+    that use it)."""
+    records = trials(strategy, table, policy, spaces, baselines, seed, cap, metric)
+    return judge(records, table, policy, best, overhead_s if strategy.pruned_space else 0.0)
 
 
 def median(values: Sequence[float | None]) -> float:

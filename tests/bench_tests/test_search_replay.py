@@ -14,9 +14,11 @@ from bench._search_replay import (
     Scenario,
     Table,
     curves,
+    judge,
     reached,
     replay,
     summarize,
+    trials,
 )
 from pgc_daemon.optimizer.search.space import Space
 
@@ -139,3 +141,49 @@ def test_summaries_give_the_keys_the_readme_and_targets_read() -> None:
     c = curves(runs["pgc"], space.size)
     assert len(c["median"]) == space.size and all(lo <= hi for lo, hi in zip(
         (x for x in c["p25"] if x is not None), (x for x in c["p75"] if x is not None)))
+
+
+def test_a_baseline_is_the_answer_only_where_it_is_feasible_and_within_the_target() -> None:
+    space = _space()
+    table = _table(space)
+    all_int8 = space.recipe(space.params("int8-static-pc", "inductor"))
+    fp32 = space.recipe(space.params("fp32", "inductor"))
+    loose = Scenario("loose", "t", 0.013).policy(table.baseline_ms, 27)
+    best, label = table.best(loose)
+    assert table.answered_by(loose, [fp32, all_int8], best) == all_int8.label() == label
+    assert table.answered_by(loose, [fp32], best) is None  # feasible, but 1.6x off the best
+    strict = Scenario("strict", "t", 0.007).policy(table.baseline_ms, 27)
+    assert table.answered_by(strict, [all_int8], table.best(strict)[0]) is None  # infeasible
+
+
+def test_a_lazy_table_measures_each_recipe_once_when_a_strategy_first_visits_it() -> None:
+    space = _space()
+    whole = _table(space)
+    measured: list[str] = []
+
+    def measure(params: dict[str, Any], recipe: Any) -> dict[str, Any]:
+        measured.append(recipe.hash)
+        return dict(whole.entries[recipe.hash])
+
+    lazy = Table({}, whole.baseline_ms, measure=measure)
+    policy = Scenario("s", "t", 0.013).policy(lazy.baseline_ms, 27)
+    spaces = {"pruned": space, "full": space}
+    records = {st.name: [trials(st, lazy, policy, spaces, [], seed, 8) for seed in range(2)]
+               for st in STRATEGIES}
+    visited = {r.recipe_hash for rs in records.values() for seed in rs for r in seed}
+    assert len(measured) == len(set(measured)) == len(visited)  # once each, only those
+    assert len(visited) < space.size  # the rest of the space was never built
+    assert set(lazy.entries) == visited
+    # judged against the best of what was visited, with the table's values as they stand
+    best, _ = lazy.best(policy)
+    assert best == pytest.approx(min([1.0] + [e["ratio"] for e in lazy.entries.values()
+                                              if e["drop"] <= 0.013]))
+    run = judge(records["random"][0], lazy, policy, best, 0.0)
+    first = next(r for r in records["random"][0] if r.state == "complete" and r.feasible)
+    lazy.entries[first.recipe_hash]["ratio"] = best / 2  # re-timed: now it is far the best
+    rejudged = judge(records["random"][0], lazy, policy, best / 2, 0.0)
+    assert rejudged.trials == records["random"][0].index(first) + 1
+    assert rejudged.curve[-1] == pytest.approx(best / 2) and run.curve[-1] == pytest.approx(best)
+    with pytest.raises(KeyError, match="not in the table"):
+        Table({}, 10.0).entry(space.params("fp32", "eager"),
+                              space.recipe(space.params("fp32", "eager")))
