@@ -92,30 +92,36 @@ class Table:
             e = self.entries[recipe.hash] = self.measure(params, recipe)
         return e
 
+    def scored(self, policy: Policy, key: str) -> float | None:
+        """The score (lower is better: the ratio to fp32 for ``fastest``, the accuracy drop
+        for ``most_accurate``) of the recipe with hash ``key`` as the table stands, or None
+        where it is not in the table, not complete or not feasible."""
+        e = self.entries.get(key)
+        if e is None or e["state"] != "complete" or \
+                not _meets(policy, e["drop"], e["ratio"] * self.baseline_ms):
+            return None
+        return score(policy, e["ratio"], e["drop"] or 0.0)
+
     def feasible(self, policy: Policy) -> list[dict[str, Any]]:
-        return [e for e in self.entries.values() if e["state"] == "complete"
-                and _meets(policy, e["drop"], e["ratio"] * self.baseline_ms)]
+        return [e for k, e in self.entries.items() if self.scored(policy, k) is not None]
 
     def best(self, policy: Policy) -> tuple[float, str]:
-        """The best feasible score (lower is better: the ratio to fp32 for ``fastest``, the
-        accuracy drop for ``most_accurate``) and its recipe. fp32 eager itself (ratio 1, drop
-        0) counts where it meets the policy."""
-        scored = [(score(policy, e["ratio"], e["drop"]), e["label"]) for e in self.feasible(policy)]
+        """The best feasible score and its recipe. fp32 eager itself (ratio 1, drop 0) counts
+        where it meets the policy."""
+        scored = [(v, self.entries[k]["label"]) for k in self.entries
+                  if (v := self.scored(policy, k)) is not None]
         if _meets(policy, 0.0, self.baseline_ms):
             scored.append((score(policy, 1.0, 0.0), "fp32 · eager"))
         return min(scored) if scored else (math.inf, "none")
-
 
     def answered_by(self, policy: Policy, recipes: Sequence[Recipe], best: float) -> str | None:
         """The first of ``recipes`` (a strategy's baselines) that is feasible and within the
         target of ``best``: where one is, every strategy given the baselines reaches the
         target at the same trial, and the sampler has nothing left to show."""
         for recipe in recipes:
-            e = self.entries.get(recipe.hash)
-            if e is not None and e["state"] == "complete" and \
-                    _meets(policy, e["drop"], e["ratio"] * self.baseline_ms) and \
-                    reached(policy, score(policy, e["ratio"], e["drop"]), best):
-                return e["label"]
+            value = self.scored(policy, recipe.hash)
+            if value is not None and reached(policy, value, best):
+                return self.entries[recipe.hash]["label"]
         return None
 
 
@@ -216,10 +222,8 @@ def judge(records: Sequence[TrialRecord], table: Table, policy: Policy, best: fl
     so_far = math.inf
     for i, r in enumerate(records, start=1):
         spent += r.duration_s
-        e = table.entries.get(r.recipe_hash)
-        if r.state == "complete" and e is not None and \
-                _meets(policy, e["drop"], e["ratio"] * table.baseline_ms):
-            value = score(policy, e["ratio"], e["drop"] or 0.0)
+        value = table.scored(policy, r.recipe_hash) if r.state == "complete" else None
+        if value is not None:
             so_far = min(so_far, value)
             if run.trials is None and reached(policy, value, best):
                 run.trials, run.wall_s = i, spent
