@@ -187,3 +187,25 @@ def test_a_lazy_table_measures_each_recipe_once_when_a_strategy_first_visits_it(
     with pytest.raises(KeyError, match="not in the table"):
         Table({}, 10.0).entry(space.params("fp32", "eager"),
                               space.recipe(space.params("fp32", "eager")))
+
+
+def test_most_accurate_baselines_climb_from_the_accurate_end_and_reach_the_answer_first() -> None:
+    """One int8 dynamic part is the least drop that meets 1.5x here; the fast baselines (all
+    int8) miss it, and TPE told only of them starts near int8; the ladder's second rung is it."""
+    from pgc_daemon.optimizer.search.baselines import baselines_for
+
+    space = _space()
+    table = _table(space)
+    policy = Scenario("acc", "t", 0.013, objective="most_accurate",
+                      target_speedup=1.4).policy(table.baseline_ms, 27)
+    best, label = table.best(policy)
+    assert best == pytest.approx(0.002)
+    ladder = baselines_for(space, policy, None)
+    fast = space.baselines()
+    pgc = next(st for st in STRATEGIES if st.name == "pgc")
+    spaces = {"pruned": space, "full": space}
+    assert table.answered_by(policy, [space.recipe(p) for p in ladder], best) is not None
+    assert table.answered_by(policy, [space.recipe(p) for p in fast], best) is None
+    for seed in range(3):
+        run = replay(pgc, table, policy, spaces, ladder, seed, 12, 0.0, best)
+        assert run.trials == 2  # fp32 compiled is too slow; the next rung is the answer

@@ -11,6 +11,7 @@ from torch import nn
 from compiler import CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
+from pgc_daemon.optimizer.search.baselines import baselines_for
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.space import (
     PEER_BASELINES,
@@ -202,12 +203,11 @@ def settle(
     search.set_space(space)
     space = search.space
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
-    sensitive = _most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop)
-    search.enqueue(queued + space.baselines(sensitive))
+    search.enqueue(queued + baselines_for(space, policy, sensitivity))
 
 
 def first_trials(
-    space: Space, warm_start: Sequence[Recipe] = ()
+    space: Space, warm_start: Sequence[Recipe] = (), objective: str = "fastest"
 ) -> list[tuple[dict[str, Any], Recipe]]:
     """What a search evaluates before per-layer sensitivity is measured, in order: the
     warm-start recipes (what earlier studies of the model chose), then the baselines, every
@@ -217,30 +217,18 @@ def first_trials(
     40-200 s on 2 cores beside live traffic, so a first deployment comes early even where
     Inductor builds are slow; where Inductor's int8 then wins, it replaces the peer's (a
     deployment while searching). Seen on a 2-core AVX2 VM: the first variant active after 328 s
-    with Inductor's int8 first (a 200 s trial, then pruned on accuracy). Each with the
-    parameters its trial is recorded with."""
+    with Inductor's int8 first (a 200 s trial, then pruned on accuracy). For ``objective``
+    ``most_accurate`` fp32 compiled comes first instead: where it meets the latency target it
+    is the answer (no drop at all), and the int8 baselines after it are a first deployment
+    where it does not. Each with the parameters its trial is recorded with."""
     out: list[tuple[dict[str, Any], Recipe]] = []
     for recipe in warm_start:
         out.append((space.params_for(recipe) or {"recipe": recipe.label()}, recipe))
-    baselines = sorted(space.baselines(),
-                       key=lambda p: (p["default"] == SAFE, p.get("backend") not in PEER_BASELINES))
+    fp32_first = objective == "most_accurate"
+    baselines = sorted(space.baselines(), key=lambda p: (
+        (p["default"] == SAFE) is not fp32_first, p.get("backend") not in PEER_BASELINES))
     out += [(p, space.recipe(p)) for p in baselines]
     unique: dict[str, tuple[dict[str, Any], Recipe]] = {}
     for params, recipe in out:
         unique.setdefault(recipe.hash, (params, recipe))
     return list(unique.values())
-
-
-def _most_sensitive(
-    report: SensitivityReport | None, hot: Sequence[str], max_drop: float
-) -> list[str]:
-    """Hot layers whose int8 alone costs a noticeable part of the budget (a quarter or more),
-    most sensitive first, at most two: an enqueued trial keeps them in fp32."""
-    if report is None:
-        return []
-    worst: dict[str, float] = {}
-    for row in report.rows:
-        if row.layer in hot and row.drop is not None:
-            worst[row.layer] = max(worst.get(row.layer, 0.0), row.drop)
-    ranked = sorted((d, n) for n, d in worst.items() if d >= max_drop / 4)
-    return [n for _, n in reversed(ranked)][:2]

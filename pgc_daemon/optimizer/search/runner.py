@@ -223,7 +223,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
         if report is None:
             # Baselines first: a first deployment need not wait for the sensitivity pass,
             # which then shapes the space of the trials after them.
-            first = first_trials(search.space, warm)
+            first = first_trials(search.space, warm, policy.objective)
             with store.session() as s:
                 st.repo.update_search_run(
                     s,

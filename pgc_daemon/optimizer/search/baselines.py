@@ -1,0 +1,121 @@
+"""What a search tries before its sampler, chosen by the policy's objective.
+
+``fastest`` starts at the fast end, where its answer usually is (:meth:`Space.baselines`:
+fp32 and all-int8 compiled, each installed peer in its own int8, the most sensitive layers
+kept in fp32). ``most_accurate`` wants the least accuracy drop that still meets a latency
+target, so it starts at the accurate end instead and climbs a *ladder*: fp32 compiled, bf16
+where it is offered, then recipes that change more and more layers, each layer in its
+*gentlest* choice (the one per-layer sensitivity says costs it least), in the order of the
+drop sensitivity predicts for them (the sum of their layers' drops alone), and last the
+fastest recipe (all-int8 static), so that TPE, told both ends, searches between them. The
+first rung that meets the target is then close to the most accurate recipe that does.
+Measured on MiniLM (``bench/search.py``, scenario ``minilm_most_accurate``): fast baselines
+first, TPE conditioned on them kept searching near int8 and needed more trials than TPE
+with no baselines at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from compiler import SensitivityReport
+from pgc_daemon.optimizer.search.space import SAFE, Space
+from pgc_daemon.policy import Policy
+
+__all__ = ["baselines_for", "most_sensitive"]
+
+#: Layer choices from the least to the most lossy where sensitivity did not measure them
+#: (and to break ties): what precision and scheme usually cost, on MiniLM and the digits
+#: models (dynamic per-channel int8 cosine 0.9999 against 0.9997 static, 0.993 per-tensor).
+GENTLE_ORDER = ("bf16", "fp16", "int8-weight_only-pc", "int8-dynamic-pc", "int8-static-pc",
+                "int8-dynamic-pt")
+#: How many rungs the ladder has at most, the fastest end included: the rest of a default
+#: budget (12 trials) is the sampler's.
+LADDER_RUNGS = 6
+
+
+def baselines_for(space: Space, policy: Policy,
+                  sensitivity: SensitivityReport | None) -> list[dict[str, Any]]:
+    """The trial parameters a search over ``space`` enqueues before its sampler runs."""
+    if policy.objective == "most_accurate":
+        return ladder(space, sensitivity)
+    return space.baselines(most_sensitive(sensitivity, space.hot_layers, policy.max_accuracy_drop))
+
+
+def most_sensitive(
+    report: SensitivityReport | None, hot: Sequence[str], max_drop: float
+) -> list[str]:
+    """Hot layers whose int8 alone costs a noticeable part of the budget (a quarter or more),
+    most sensitive first, at most two: an enqueued trial keeps them in fp32."""
+    if report is None:
+        return []
+    worst: dict[str, float] = {}
+    for row in report.rows:
+        if row.layer in hot and row.drop is not None:
+            worst[row.layer] = max(worst.get(row.layer, 0.0), row.drop)
+    ranked = sorted((d, n) for n, d in worst.items() if d >= max_drop / 4)
+    return [n for _, n in reversed(ranked)][:2]
+
+
+def ladder(space: Space, report: SensitivityReport | None) -> list[dict[str, Any]]:
+    """``most_accurate``'s baselines: fp32 compiled first, the fastest end last, and between
+    them the rungs in the order of their predicted drop (see the module's doc)."""
+    backend = "inductor" if "inductor" in space.backends else space.backends[0]
+    hot = sorted(space.hot_layers, key=lambda n: _drop(report, [n], _gentlest(
+        report, [n], space.choices_of(n))))
+    default = _gentlest(report, _covered(report, space), space.default_choices)
+    rungs: list[tuple[float, dict[str, Any]]] = []
+    if "bf16" in space.default_choices:
+        bf16 = {n: "bf16" for n in hot if "bf16" in space.choices_of(n)}
+        rungs.append((_drop(report, _covered(report, space), "bf16")
+                      + sum(_drop(report, [n], "bf16") for n in bf16),
+                      space.params("bf16", backend, **{n: SAFE for n in hot} | bf16)))
+    if default != SAFE:  # every layer but the hot ones, then the hot ones one at a time
+        base = _drop(report, _covered(report, space), default)
+        changed: dict[str, str] = {}
+        rungs.append((base, space.params(default, backend, **{n: SAFE for n in hot})))
+        for n in hot:
+            changed[n] = _gentlest(report, [n], space.choices_of(n))
+            rungs.append((base + sum(_drop(report, [m], c) for m, c in changed.items()),
+                          space.params(default, backend, **{m: SAFE for m in hot} | changed)))
+    for n in hot:  # one hot layer alone: for a target fp32 compiled just misses
+        choice = _gentlest(report, [n], space.choices_of(n))
+        if choice != SAFE:
+            rungs.append((_drop(report, [n], choice),
+                          space.params(SAFE, backend, **{n: choice})))
+    rungs.sort(key=lambda r: r[0])
+    out = [space.params(SAFE, backend)] + [p for _, p in rungs]
+    fastest = "int8-static-pc" if "int8-static-pc" in space.default_choices else default
+    out = _unique(out)[: LADDER_RUNGS - 1]
+    return _unique(out + [space.params(fastest, backend)])
+
+
+def _covered(report: SensitivityReport | None, space: Space) -> list[str]:
+    """The measured layers the default covers (every measured layer but the hot ones)."""
+    if report is None:
+        return []
+    return sorted({r.layer for r in report.rows} - set(space.hot_layers))
+
+
+def _gentlest(report: SensitivityReport | None, layers: Sequence[str],
+              choices: Sequence[str]) -> str:
+    """Of ``choices`` other than fp32, the one whose summed drop over ``layers`` is least
+    (ties and unmeasured choices: :data:`GENTLE_ORDER`); fp32 where there is no other."""
+    lossy = [c for c in choices if c != SAFE]
+    if not lossy:
+        return SAFE
+    rank = {c: i for i, c in enumerate(GENTLE_ORDER)}
+    return min(lossy, key=lambda c: (_drop(report, layers, c), rank.get(c, len(rank))))
+
+
+def _drop(report: SensitivityReport | None, layers: Sequence[str], choice: str) -> float:
+    """The summed drop of ``layers`` each alone in ``choice`` (0 where not measured)."""
+    if report is None or choice == SAFE:
+        return 0.0
+    rows = (report.get(n, choice) for n in layers)
+    return sum(r.drop for r in rows if r is not None and r.drop is not None)
+
+
+def _unique(params: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for i, p in enumerate(params) if p not in params[:i]]

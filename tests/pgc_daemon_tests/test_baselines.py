@@ -1,0 +1,93 @@
+"""What a search tries before its sampler: the fast end for ``fastest``, a ladder from the
+accurate end for ``most_accurate`` (fp32 compiled, then rungs in the order of the drop
+per-layer sensitivity predicts, all-int8 static last)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from compiler import Hardware, LayerSensitivity, SensitivityReport
+from pgc_daemon.optimizer.search.baselines import LADDER_RUNGS, baselines_for
+from pgc_daemon.optimizer.search.prepare import first_trials
+from pgc_daemon.optimizer.search.space import Space, build_space
+from pgc_daemon.policy import Policy
+
+HW = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
+PROFILE = [{"layer": "net.3", "share": 0.5}, {"layer": "net.1", "share": 0.3},
+           {"layer": "net.5", "share": 0.2}]
+#: drop of each layer alone in each choice: net.1 the most sensitive, net.5 the least
+DROPS = {
+    ("net.1", "int8-dynamic-pc"): 0.004, ("net.1", "int8-static-pc"): 0.006,
+    ("net.1", "int8-dynamic-pt"): 0.02,  # over a 1% budget alone: pruned for net.1
+    ("net.3", "int8-dynamic-pc"): 0.0005, ("net.3", "int8-static-pc"): 0.001,
+    ("net.3", "int8-dynamic-pt"): 0.003,
+    ("net.5", "int8-dynamic-pc"): 0.0002, ("net.5", "int8-static-pc"): 0.0004,
+    ("net.5", "int8-dynamic-pt"): 0.002,
+}
+ACCURATE = Policy(max_accuracy_drop=0.01, objective="most_accurate", latency_target_ms=5.0)
+
+
+def _report() -> SensitivityReport:
+    rep = SensitivityReport(metric="cosine", inputs=8)
+    for (layer, choice), drop in DROPS.items():
+        rep.rows.append(LayerSensitivity(layer, choice, 1 - drop, None, None, None, None))
+    return rep
+
+
+def _space(mlp_spec: dict, report: SensitivityReport | None) -> Space:
+    return build_space(mlp_spec["model"], PROFILE, HW, max_hot=2, sensitivity=report,
+                       max_drop=0.01, backends=("inductor", "eager", "onnxruntime"),
+                       choices=("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt"))
+
+
+def _predicted(space: Space, params: dict[str, Any]) -> float:
+    """The drop the ladder orders by: each layer alone, summed (net.5 is the default's)."""
+    choices = {"net.5": params["default"]} | {n: params[f"layer:{n}"] for n in space.hot_layers}
+    return sum(DROPS.get((n, c), 0.0) for n, c in choices.items())
+
+
+def test_most_accurate_climbs_from_fp32_in_the_order_of_the_predicted_drop(mlp_spec) -> None:
+    report = _report()
+    space = _space(mlp_spec, report)
+    assert set(space.hot_layers) == {"net.1", "net.3"}  # net.5 is the default's
+    ladder = baselines_for(space, ACCURATE, report)
+    assert ladder[0] == space.params("fp32", "inductor")  # the most accurate compiled recipe
+    assert ladder[-1] == space.params("int8-static-pc", "inductor")  # and the fastest end
+    assert len(ladder) == LADDER_RUNGS
+    assert len({space.recipe(p).hash for p in ladder}) == len(ladder)
+    rungs = [_predicted(space, p) for p in ladder[1:-1]]
+    assert rungs == sorted(rungs) and rungs[0] > 0.0
+    # each layer in its gentlest choice: per-channel dynamic on all three here
+    assert ladder[1] == space.params("int8-dynamic-pc", "inductor", **{"net.1": "fp32",
+                                                                       "net.3": "fp32"})
+    assert space.params("fp32", "inductor", **{"net.3": "int8-dynamic-pc"}) in ladder
+    for params in ladder:  # never a choice the space pruned for a layer
+        for n in space.hot_layers:
+            assert params[f"layer:{n}"] in space.choices_of(n)
+    # fastest starts at the fast end instead: all-int8 right after fp32, the peer in its own
+    fast = baselines_for(space, Policy(max_accuracy_drop=0.01), report)
+    assert [(p["default"], p["backend"]) for p in fast[:3]] == [
+        ("fp32", "inductor"), ("int8-static-pc", "inductor"), ("int8-dynamic-pc", "onnxruntime")]
+
+
+def test_without_sensitivity_the_ladder_takes_the_usual_order_of_lossiness(mlp_spec) -> None:
+    space = _space(mlp_spec, None)
+    ladder = baselines_for(space, ACCURATE, None)
+    assert ladder[0] == space.params("fp32", "inductor")
+    assert ladder[-1] == space.params("int8-static-pc", "inductor")
+    # per-channel dynamic, the least lossy int8 as a rule, for everything in between
+    for params in ladder[1:-1]:
+        assert set(params[k] for k in params if k.startswith(("default", "layer:"))) <= {
+            "fp32", "int8-dynamic-pc"}
+
+
+@pytest.mark.parametrize("objective,first", [("most_accurate", "fp32"),
+                                             ("fastest", "int8-dynamic-pc")])
+def test_before_sensitivity_most_accurate_tries_fp32_compiled_first(mlp_spec, objective,
+                                                                    first) -> None:
+    space = _space(mlp_spec, None)
+    order = [params["default"] for params, _ in first_trials(space, (), objective)]
+    assert order[0] == first  # fastest: the peer's int8 first, for an early deployment
+    assert ("fp32" in order[1:]) is (objective == "fastest")
