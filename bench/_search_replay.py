@@ -56,7 +56,10 @@ STRATEGIES = (
 @dataclass(frozen=True)
 class Scenario:
     """A policy over one table. ``target_speedup``: for ``most_accurate``, the latency target
-    as a speedup over fp32 eager (the table's fp32 latency divided by it)."""
+    as a speedup over fp32 eager (the table's fp32 latency divided by it).
+    ``target_over_fp32_compiled``: the target instead as this much faster than the table's
+    fp32 compiled recipe, a target fp32 compiled just misses whatever the day's ratios
+    (:meth:`Table.speedup_of` gives ``target_speedup`` from it)."""
 
     name: str
     table: str
@@ -64,6 +67,7 @@ class Scenario:
     objective: str = "fastest"
     target_speedup: float | None = None
     note: str = ""
+    target_over_fp32_compiled: float | None = None
 
     def policy(self, baseline_ms: float, max_trials: int) -> Policy:
         target = baseline_ms / self.target_speedup if self.target_speedup else None
@@ -101,6 +105,13 @@ class Table:
                 not _meets(policy, e["drop"], e["ratio"] * self.baseline_ms):
             return None
         return score(policy, e["ratio"], e["drop"] or 0.0)
+
+    def speedup_of(self, recipe: Recipe) -> float:
+        """``recipe``'s measured speedup over fp32 eager (KeyError where not measured)."""
+        e = self.entries[recipe.hash]
+        if e["state"] != "complete":
+            raise KeyError(f"{recipe.label()} did not complete: {e['message']}")
+        return 1 / e["ratio"]
 
     def feasible(self, policy: Policy) -> list[dict[str, Any]]:
         return [e for k, e in self.entries.items() if self.scored(policy, k) is not None]
