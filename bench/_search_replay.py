@@ -5,10 +5,11 @@ drop, the quick check's steps, the seconds each step took). A *scenario* is a po
 table (an accuracy budget, an objective, a latency target). A *strategy* is what a search
 brings to it; the four here separate pgc's prior from its sampler:
 
-- ``pgc``: the sensitivity-pruned space, the baselines first, the quick accuracy check, TPE;
+- ``pgc``: the sensitivity-pruned space, the baselines first, the quick accuracy check and
+  no more samples on backends the trials rank out (``ranked_out``), TPE;
 - ``pgc_no_baselines``: the same without the baselines (what TPE finds on its own);
-- ``random_baselines``: the same help as pgc (pruned space, baselines, quick check), random
-  sampling (what pgc's sampler adds over chance);
+- ``random_baselines``: the same help as pgc (pruned space, baselines, quick check, ranked
+  backends), random sampling (what pgc's sampler adds over chance);
 - ``random``: Optuna's random search over the whole space, nothing else.
 
 Every strategy is charged what its trials really cost: a trial pruned on the quick check
@@ -216,6 +217,7 @@ def trials(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str
         on_trial=lambda rec, done, budget: records.append(rec),
         sampler=optuna.samplers.RandomSampler(seed=seed) if strategy.sampler == "random" else None,
         evaluate=replay_evaluate(table, policy, prune=strategy.prune),
+        rank_backends=strategy.prune,
     )
     if strategy.baselines:
         search.enqueue(baselines)

@@ -4,14 +4,19 @@ per-layer sensitivity predicts, all-int8 static last)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from optuna.trial import TrialState
+
 from compiler import Hardware, LayerSensitivity, SensitivityReport
-from pgc_daemon.optimizer.search.baselines import LADDER_RUNGS, baselines_for
+from pgc_daemon.optimizer.search.baselines import LADDER_RUNGS, baselines_for, ranked_out
 from pgc_daemon.optimizer.search.prepare import first_trials
+from pgc_daemon.optimizer.search.results import TrialRecord
 from pgc_daemon.optimizer.search.space import Space, build_space
+from pgc_daemon.optimizer.search.study import Search
 from pgc_daemon.policy import Policy
 
 HW = Hardware(cpu="x", arch="x86_64", cores=2, features={"avx2": True})
@@ -91,3 +96,53 @@ def test_before_sensitivity_most_accurate_tries_fp32_compiled_first(mlp_spec, ob
     order = [params["default"] for params, _ in first_trials(space, (), objective)]
     assert order[0] == first  # fastest: the peer's int8 first, for an early deployment
     assert ("fp32" in order[1:]) is (objective == "fastest")
+
+
+def _record(space: Space, params: dict[str, Any], number: int, ratio: float,
+            feasible: bool = True) -> TrialRecord:
+    recipe = space.recipe(params)
+    return TrialRecord(number=number, state="complete", params=params, recipe=recipe.to_dict(),
+                       recipe_hash=recipe.hash, label=recipe.label(), ratio=ratio,
+                       speedup=1 / ratio, drop=0.0, feasible=feasible)
+
+
+def test_a_backend_far_behind_the_fastest_is_ranked_out(mlp_spec) -> None:
+    space = build_space(mlp_spec["model"], PROFILE, HW, max_hot=1,
+                        backends=("inductor", "eager", "onnxruntime", "openvino"))
+    records = [_record(space, space.params("int8-static-pc", "inductor"), 0, 0.5),
+               _record(space, space.params("int8-dynamic-pc", "onnxruntime"), 1, 0.7),
+               _record(space, space.params("int8-dynamic-pc", "onnxruntime"), 2, 0.6),
+               _record(space, space.params("int8-static-pc", "openvino"), 3, 0.3,
+                       feasible=False)]
+    # eager is fp32 eager's own backend (ratio 1, before any trial); ONNX Runtime's best is
+    # within 25% of the fastest; OpenVINO's only point broke the budget: not judged yet
+    assert ranked_out(records, space.backends) == {"eager": pytest.approx(2.0)}
+    near = [_record(space, space.params("int8-dynamic-pc", "onnxruntime"), 4, 0.85)]
+    assert ranked_out(near, space.backends) == {}  # 1/0.85 < 1.25: eager stays
+    assert ranked_out([], space.backends) == {}
+
+
+def test_the_sampler_is_not_given_trials_on_a_ranked_out_backend(mlp_spec) -> None:
+    """Eager here is twice slower than fp32 (int8 eager on a small model); the baselines put
+    Inductor at 2x. After them no trial is spent on eager, and the sampler is told why."""
+    space = _space(mlp_spec, None)
+    space = Space(hot_layers=space.hot_layers, layer_choices=space.layer_choices,
+                  default_choices=space.default_choices, backends=("inductor", "eager"))
+    policy = Policy(max_accuracy_drop=0.01)
+
+    def evaluate(number: int, params: dict[str, Any], recipe: Any) -> TrialRecord:
+        ratio = 0.5 if recipe.backend.kind == "inductor" else 2.0
+        return _record(space, params, number, ratio)
+
+    evaluated: list[TrialRecord] = []
+    search = Search(base=None, space=space, policy=policy, timing_inputs=[],
+                    evaluator=SimpleNamespace(metric="cosine"),  # type: ignore[arg-type]
+                    calibration=[], storage=None, name="rank-out", seed=0, evaluate=evaluate,
+                    on_trial=lambda rec, done, budget: evaluated.append(rec))
+    search.enqueue(baselines_for(space, policy, None))
+    search.run(12)
+    assert len(evaluated) == 12
+    assert [r for r in evaluated if "eager" in r.label] == []
+    told = [t for t in search.study.trials if t.state == TrialState.PRUNED]
+    assert told and all(t.params["backend"] == "eager" for t in told)
+    assert ranked_out(evaluated, space.backends) == {"eager": pytest.approx(2.0)}

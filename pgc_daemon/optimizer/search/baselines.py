@@ -19,17 +19,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from compiler import SensitivityReport
+from compiler import Recipe, SensitivityReport
+from pgc_daemon.optimizer.search.results import TrialRecord
 from pgc_daemon.optimizer.search.space import SAFE, Space
 from pgc_daemon.policy import Policy
 
-__all__ = ["baselines_for", "most_sensitive"]
+__all__ = ["baselines_for", "most_sensitive", "ranked_out"]
 
 #: Layer choices from the least to the most lossy where sensitivity did not measure them
 #: (and to break ties): what precision and scheme usually cost, on MiniLM and the digits
 #: models (dynamic per-channel int8 cosine 0.9999 against 0.9997 static, 0.993 per-tensor).
 GENTLE_ORDER = ("bf16", "fp16", "int8-weight_only-pc", "int8-dynamic-pc", "int8-static-pc",
                 "int8-dynamic-pt")
+#: A backend whose fastest feasible trial is this much slower than the fastest of any is no
+#: longer sampled for ``fastest`` (:func:`ranked_out`)
+RANK_OUT = 1.25
 #: How many rungs the ladder has at most, the fastest end included: the rest of a default
 #: budget (12 trials) is the sampler's.
 LADDER_RUNGS = 6
@@ -119,3 +123,21 @@ def _drop(report: SensitivityReport | None, layers: Sequence[str], choice: str) 
 
 def _unique(params: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for i, p in enumerate(params) if p not in params[:i]]
+
+
+def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[str, float]:
+    """The backends the trials so far rule out for ``fastest``, each with how much slower
+    its fastest feasible trial is than the fastest of any (over :data:`RANK_OUT`). fp32 eager
+    is the reference, so eager's point is known before any trial (ratio 1); a backend with
+    no feasible trial yet stays. Seen on the digits LSTM: once the baselines had put ONNX
+    Runtime and Inductor at 1.6x, TPE still sampled eager int8 (0.4-0.6x) in a third of its
+    trials."""
+    best = {"eager": 1.0} if "eager" in backends else {}
+    for r in records:
+        if r.state == "complete" and r.feasible and r.ratio:
+            backend = Recipe.from_dict(r.recipe).backend.label()
+            best[backend] = min(best.get(backend, r.ratio), r.ratio)
+    fastest = min(best.values(), default=None)
+    if fastest is None:
+        return {}
+    return {b: ratio / fastest for b, ratio in best.items() if ratio > RANK_OUT * fastest}

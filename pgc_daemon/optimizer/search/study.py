@@ -19,10 +19,12 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
 from torch import nn
 
 from compiler import CompileCache, Example, Recipe, RecipeError
 from pgc_daemon.optimizer.schedule import shape_signature, study_name
+from pgc_daemon.optimizer.search.baselines import ranked_out
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.results import (
     SearchResult,
@@ -126,6 +128,7 @@ class Search:
         timing_threads: int | None = None,
         timing_gap_s: float = 0.0,
         serving_threads: ServingThreads | None = None,
+        rank_backends: bool = True,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -139,7 +142,9 @@ class Search:
         serving traffic times at one, see :func:`~pgc_daemon.optimizer.search.trial.timing_threads`).
         ``timing_gap_s``: idle time after each timed call, as between live requests.
         ``serving_threads``: fp32 as it serves; trials' ratios are against it (see
-        :class:`~pgc_daemon.optimizer.search.trial.ServingThreads`)."""
+        :class:`~pgc_daemon.optimizer.search.trial.ServingThreads`). ``rank_backends``: skip
+        samples on backends the trials so far rank out (:func:`ranked_out`; off: plain
+        sampling, the benchmark's ablation)."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -159,6 +164,7 @@ class Search:
         self.timing_threads = timing_threads
         self.timing_gap_s = timing_gap_s
         self.serving_threads = serving_threads
+        self.rank_backends = rank_backends and policy.objective == "fastest"
 
     # ------------------------------------------------------------------ running
 
@@ -191,12 +197,19 @@ class Search:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 break
             asks += 1
+            queued = bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             trial = self.study.ask()
             recipe = self.space.suggest(trial)
             prior = seen.get(recipe.hash)
             if prior is not None:
                 rec = TrialRecord(**{**prior.to_dict(), "number": trial.number, "duplicate": True})
                 self._tell(trial, rec)
+                continue
+            slower = None if queued or not self.rank_backends else ranked_out(
+                records, self.space.backends).get(recipe.backend.label())
+            if slower is not None:  # told infeasible at no cost: the sampler learns to leave it
+                trial.set_constraint("backend_ranked_out", slower - 1.0)
+                self.study.tell(trial, state=TrialState.PRUNED)
                 continue
             rec = self.evaluate(trial.number, trial.params, recipe)
             rec.policy_version = self.policy_version
