@@ -93,6 +93,26 @@ def test_the_search_times_variants_under_the_traffic_it_is_given(mlp_spec: dict[
     assert any(abs(speedups["b1"][h] - speedups["b64"][h]) > 0.05 * speedups["b64"][h] for h in shared)
 
 
+@pytest.mark.slow
+def test_a_most_accurate_search_starts_at_fp32_compiled_and_chooses_the_least_drop(
+    mlp_spec: dict[str, Any]
+) -> None:
+    """Under a latency target everything meets, the most accurate recipe is fp32 compiled:
+    the ladder tries it first (a fastest search would try all-int8 next), and the choice is
+    the least drop among what was measured."""
+    model = mlp_spec["model"]
+    inputs = [(a, {}) for a in mlp_spec["example_inputs"]]
+    policy = Policy(max_trials=2, objective="most_accurate", latency_target_ms=1e4)
+    search = make_search(base=model, inputs=inputs, profile=offline_profile(model, inputs),
+                         name="accurate", policy=policy, storage=None, metric="top1")
+    result = search.run(2)
+    first, second = result.records[:2]
+    assert first.label.startswith("fp32 · inductor") and first.drop == 0.0
+    assert "int8-static-pc ·" not in second.label  # the next rung, not the fast end
+    assert result.chosen is not None
+    assert result.chosen.drop == min(r.drop for r in result.records if r.state == "complete")
+
+
 def test_a_budget_nothing_meets_reports_the_closest_and_chooses_nothing(mlp_spec: dict[str, Any]) -> None:
     model = mlp_spec["model"]
     inputs = [(a, {}) for a in mlp_spec["example_inputs"]]
