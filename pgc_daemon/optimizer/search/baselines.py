@@ -66,28 +66,28 @@ def ladder(space: Space, report: SensitivityReport | None) -> list[dict[str, Any
     """``most_accurate``'s baselines: fp32 compiled first, the fastest end last, and between
     them the rungs in the order of their predicted drop (see the module's doc)."""
     backend = "inductor" if "inductor" in space.backends else space.backends[0]
-    hot = sorted(space.hot_layers, key=lambda n: _drop(report, [n], _gentlest(
-        report, [n], space.choices_of(n))))
-    default = _gentlest(report, _covered(report, space), space.default_choices)
+    gentle = {n: _gentlest(report, [n], space.choices_of(n)) for n in space.hot_layers}
+    hot = sorted(space.hot_layers, key=lambda n: _drop(report, [n], gentle[n]))
+    covered = _covered(report, space)
+    default = _gentlest(report, covered, space.default_choices)
     rungs: list[tuple[float, dict[str, Any]]] = []
     if "bf16" in space.default_choices:
         bf16 = {n: "bf16" for n in hot if "bf16" in space.choices_of(n)}
-        rungs.append((_drop(report, _covered(report, space), "bf16")
+        rungs.append((_drop(report, covered, "bf16")
                       + sum(_drop(report, [n], "bf16") for n in bf16),
                       space.params("bf16", backend, **{n: SAFE for n in hot} | bf16)))
     if default != SAFE:  # every layer but the hot ones, then the hot ones one at a time
-        base = _drop(report, _covered(report, space), default)
+        base = _drop(report, covered, default)
         changed: dict[str, str] = {}
         rungs.append((base, space.params(default, backend, **{n: SAFE for n in hot})))
         for n in hot:
-            changed[n] = _gentlest(report, [n], space.choices_of(n))
+            changed[n] = gentle[n]
             rungs.append((base + sum(_drop(report, [m], c) for m, c in changed.items()),
                           space.params(default, backend, **{m: SAFE for m in hot} | changed)))
     for n in hot:  # one hot layer alone: for a target fp32 compiled just misses
-        choice = _gentlest(report, [n], space.choices_of(n))
-        if choice != SAFE:
-            rungs.append((_drop(report, [n], choice),
-                          space.params(SAFE, backend, **{n: choice})))
+        if gentle[n] != SAFE:
+            rungs.append((_drop(report, [n], gentle[n]),
+                          space.params(SAFE, backend, **{n: gentle[n]})))
     rungs.sort(key=lambda r: r[0])
     out = [space.params(SAFE, backend)] + [p for _, p in rungs]
     fastest = "int8-static-pc" if "int8-static-pc" in space.default_choices else default

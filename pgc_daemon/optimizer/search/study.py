@@ -197,7 +197,8 @@ class Search:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 break
             asks += 1
-            queued = bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+            queued = self.rank_backends and bool(
+                self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             trial = self.study.ask()
             recipe = self.space.suggest(trial)
             prior = seen.get(recipe.hash)
