@@ -57,6 +57,45 @@ def test_fixed_costs_over_budget_send_the_rate_to_its_floor() -> None:
     assert n == 1000 and c.state.startswith("over budget")
 
 
+#: periods measured on MiniLM at 7 calls a second (1 thread, default config): calls, serving
+#: ms, sampled calls, their cost ms, per-call and background ms. The fifth and sixth hold a
+#: burst of background work (a window's export and a host sample falling together).
+LOW_TRAFFIC = [(70, 3260, 2, 3.76, 4.46), (70, 3186, 1, 0.80, 3.48), (70, 3244, 0, 0.0, 3.55),
+               (70, 3534, 1, 0.80, 5.86), (71, 4006, 1, 3.29, 19.94), (70, 3297, 1, 0.89, 14.08),
+               (70, 3147, 1, 0.83, 9.19), (70, 3564, 0, 0.0, 2.35)]
+
+
+def _period(calls: int, serving: float, sampled: int, cost: float, fixed: float) -> Period:
+    return Period(calls=calls, serving_ns=serving * MS, sampled=sampled,
+                  sampled_cost_ns=cost * MS, fixed_cost_ns=fixed * MS)
+
+
+def test_a_burst_of_background_work_at_low_traffic_does_not_stop_per_layer_sampling() -> None:
+    # Judged one period at a time, the burst sent N from 100 to 1 600 and then 25 600 (one
+    # sampled call every hour at this traffic) while the profiler cost half its budget.
+    c = RateController(base_every=100, budget=0.005, max_every=1_000_000)
+    rates = [c.update(_period(*p)) for p in LOW_TRAFFIC]
+    assert max(rates) <= 200, rates
+    assert rates[-1] == 100 and c.state == "within budget"
+
+
+def test_periods_without_a_sampled_call_bring_the_rate_back_from_what_sampling_costs() -> None:
+    c = RateController(base_every=10, budget=0.01, target=1.0)
+    c.every = 640
+    # one sampled call of 1 ms among 1 000 calls a period, then none: 1 in 10 would cost
+    # 100 ms of 1 000 ms serving, 10x the budget; 1 in 100 fits it
+    c.update(_period(1000, 1000, 1, 1.0, 0.0))
+    rates = [c.update(_period(1000, 1000, 0, 0.0, 0.0)) for _ in range(6)]
+    assert rates[-1] == 100, rates
+
+
+def test_sustained_background_over_the_budget_still_sends_the_rate_to_its_floor() -> None:
+    c = RateController(base_every=100, budget=0.005, max_every=100_000)
+    for _ in range(6):
+        n = c.update(_period(70, 3300, 1, 0.8, 30.0))  # 0.9% of serving in background alone
+    assert n == 100_000 and c.state.startswith("over budget: per-call and background")
+
+
 def test_no_budget_keeps_the_rate() -> None:
     c = RateController(base_every=7, budget=None)
     assert c.update(Period(calls=10, serving_ns=MS, sampled=10, sampled_cost_ns=MS)) == 7
