@@ -214,3 +214,34 @@ def test_the_background_thread_adapts_the_rate_on_live_traffic() -> None:
         )
     finally:
         prof.stop()
+
+
+def _busy(ms: float) -> None:
+    end = time.thread_time() + ms / 1e3
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["waits", "computes"])
+def test_the_background_is_charged_what_it_computes_not_what_it_waits(kind: str) -> None:
+    # An export that waits (on the store, the GIL, or a core a search worker holds) costs
+    # serving nothing; on the wall clock such waits were charged and starved the sampling.
+    def sink(windows: list[Window]) -> None:
+        time.sleep(0.2) if kind == "waits" else _busy(200)
+
+    model, _ = _many_layers(ms=0.5)
+    prof = Profiler(ProfilerConfig(sample_every=1000, budget=None, window_s=60,
+                                   host_interval_s=None), sink=sink)
+    prof.watch(model)
+    prof.start()
+    try:
+        _serve(prof, model, 20)
+        before = prof.aggregator.totals().background_ns
+        prof.flush()  # one window exported through the sink
+        charged = (prof.aggregator.totals().background_ns - before) / 1e6
+    finally:
+        prof.stop()
+    if kind == "waits":
+        assert charged < 50, f"{charged:.0f} ms charged for a 200 ms wait"
+    else:
+        assert charged > 150, f"{charged:.0f} ms charged for 200 ms of work"
