@@ -15,11 +15,11 @@ what one sampled call costs and how many calls are served. It reads every quanti
 over the last few periods, each period weighing :data:`DECAY` times the one after it, not
 from the last period alone: at low traffic a period holds one sampled call or none, and the
 background cost comes in bursts (a window's export, a host sample). Judged one period at a
-time, a period with 20 ms of background among ones with 3.5 ms sent N up 16x as if that
+time, a period with 20 ms of background among ones with 3.5 ms sent N up 16× as if that
 background were its own, twice in a row, and periods without a sampled call had no cost to
 bring it back down: MiniLM at 7 calls a second went from 1 call in 100 to 1 in 25 600 while
 the profiler cost 0.25% against its 0.5% budget. It lowers the rate as far as needed at once
-(at most 16x per step) and raises it at most 2x per step, so one cheap period cannot swing it.
+(at most 16× per step) and raises it at most 2× per step, so one cheap period cannot swing it.
 """
 
 from __future__ import annotations
