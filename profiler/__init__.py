@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler._budget import Period, RateController
+from profiler._budget import Pacer, Period, RateController
 from profiler._calls import KEY, SAMPLE, CallQueue
 from profiler._compiled import KernelTimer
 from profiler._compiled import event_cost_ns as kernel_trace_cost
@@ -76,6 +76,7 @@ __all__ = [
     "LeakWarning",
     "OfflineProfile",
     "PerfCounters",
+    "Pacer",
     "Period",
     "Profiler",
     "ProfilerConfig",

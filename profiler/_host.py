@@ -1,7 +1,7 @@
 """Process statistics of the serving process (psutil) and the RSS trend per variant.
 
-A :class:`HostSampler` takes one sample every ``interval_s`` on the profiler's background
-thread: CPU percent since the last sample, RSS, threads, context switches (voluntary and
+A :class:`HostSampler` takes one sample when the profiler's background thread asks (every
+``host_interval_s``, spaced out when serving is light: ``profiler._budget.Pacer``): CPU percent since the last sample, RSS, threads, context switches (voluntary and
 involuntary), open files. Each sample is kept for the store and fed to a
 :class:`LeakDetector`, which keeps the RSS of the last ``window_s`` seconds per variant and
 warns when it grew *steadily* across the whole window: a least-squares slope that explains
@@ -154,25 +154,17 @@ class LeakDetector:
 class HostSampler:
     """psutil statistics of this process, one row per sample, ready for ``pgc_host_stats``."""
 
-    def __init__(self, interval_s: float = 5.0, leak: LeakDetector | None = None) -> None:
+    def __init__(self, leak: LeakDetector | None = None) -> None:
         import psutil  # noqa: PLC0415 - only processes that sample host stats need it
 
-        if interval_s <= 0:
-            raise ValueError("interval_s must be > 0")
-        self.interval_s = interval_s
         self.leak = leak
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # the first call only starts the measurement
-        self._next = time.monotonic()
         self.samples = 0
         self.last: HostRow | None = None
 
-    def due(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self._next
-
     def sample(self, variant: Any, *, quiet: bool = True) -> tuple[HostRow, LeakWarning | None]:
         """Take one sample now. Returns the row and a leak warning (or None)."""
-        self._next = time.monotonic() + self.interval_s
         p = self._proc
         with p.oneshot():
             cpu = p.cpu_percent(None)

@@ -75,11 +75,11 @@ def attach(
     if max_batch > 1 and not executor:
         raise ValueError("micro-batching (max_batch > 1) needs the executor, which "
                          "attach(executor=False) or PGC_EXECUTOR=0 turned off")
+    config = profiler or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s)
     registry = Registry(
         model.eval(), InputReservoir(settings.reservoir_size), name=name, spec=spec,
-        settings=settings, policy=policy, metric=metric, store=opened,
+        settings=settings, policy=policy, metric=metric, store=opened, budget=config.budget,
     )
-    config = profiler or ProfilerConfig(sample_every=settings.sample_every, window_s=settings.window_s)
     if (spec or kernel_profiling()) and threading.current_thread() is threading.main_thread():
         # kineto prints an error when its first trace in the process runs on another thread
         # than the one that imported torch (usually this one), and that first trace takes
