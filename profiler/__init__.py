@@ -92,6 +92,7 @@ __all__ = [
     "cuda_status",
     "cupti_status",
     "derived",
+    "dispatch_cost_ns",
     "group_name",
     "kernel_trace_cost",
     "layout_conversions",

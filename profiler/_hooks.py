@@ -3,7 +3,10 @@
 For the length of one sampled call two process-wide module hooks are registered (torch's
 ``register_module_forward_pre_hook`` / ``register_module_forward_hook``) and removed right
 after, so unsampled calls pay nothing and attaching costs two registrations, not two per
-module. The hooks ignore other threads and modules of other models.
+module. The hooks ignore other threads and modules of other models, but every module call in the
+process takes torch's hooked path meanwhile: what that costs other threads is charged to the
+sampled call (``RawCall.foreign_ns``), so the budget sees it and lowers the rate when many
+threads serve at once.
 
 Inclusive times are taken for every module; a leaf reports its inclusive time and a
 container reports its *self* time (inclusive minus its children), which is where functional
@@ -86,6 +89,10 @@ class RawCall:
     counters: dict[int, dict[str, float]] = field(default_factory=dict)
     overhead_ns: int = 0
     hooks: int = 0
+    #: what the hooks cost other threads' module calls meanwhile (the hooks are process-wide:
+    #: each such call takes torch's hooked path and returns from the hooks at once), charged
+    #: to this call: torch's dispatch cost per call, calibrated (:func:`dispatch_cost_ns`)
+    foreign_ns: int = 0
     gpu: Any = None
     counter_names: tuple[str, ...] | None = None
     #: a compiled module's call: the ``torch.profiler`` trace of its kernels, and the call's
@@ -130,6 +137,7 @@ class LayerTimer:
     def _pre(self, mod: nn.Module, _args: Any) -> None:
         t0 = _perf_ns()
         if _ident() != self._thread:
+            self._raw.foreign_ns += self._dispatch  # racy between threads: an estimate
             return
         i = self._index.get(id(mod))
         if i is None:

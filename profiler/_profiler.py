@@ -415,7 +415,7 @@ class Profiler:
                     tracer.close()
             finally:
                 self._sampling.release()
-            cost = token.cost_ns + raw.overhead_ns + (_perf_ns() - t0)
+            cost = token.cost_ns + raw.overhead_ns + raw.foreign_ns + (_perf_ns() - t0)
             item = _Pending(timer, raw, variant, bucket, elapsed_ns, cost, error)
             with self._pending_lock:
                 if len(self._pending) >= MAX_PENDING:
