@@ -339,7 +339,9 @@ def render(results: dict[str, Any]) -> None:
             console.print(
                 f"{name}, concurrent: {c['request_threads']} request threads while another thread's every "
                 f"call is sampled: {c['profiled_cpu_us_per_call']:.0f} vs {c['plain_cpu_us_per_call']:.0f} "
-                f"CPU µs per call, {c['unsampled_overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] on the unsampled threads"
+                f"CPU µs per call, {c['unsampled_overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] on the unsampled threads; "
+                f"charged to the sampled calls {c['charged_ms']:.0f} ms against {c['measured_extra_ms']:.0f} ms "
+                f"measured on the other threads"
             )
     console.print(
         "default: begin/end timed in place on unsampled calls + paired difference on sampled "

@@ -24,7 +24,7 @@ from profiler._counters import (
 )
 from profiler._exporter import Exporter
 from profiler._gpu import cuda_status
-from profiler._hooks import LayerTimer, dispatch_cost_ns
+from profiler._hooks import LayerTimer, dispatch_cost_ns, foreign_cost_ns
 from profiler._host import HostSampler, LeakDetector, LeakWarning
 from profiler._offline import OfflineProfile, group_name, layout_conversions, profile_model
 from profiler._profiler import Profiler
@@ -93,6 +93,7 @@ __all__ = [
     "cupti_status",
     "derived",
     "dispatch_cost_ns",
+    "foreign_cost_ns",
     "group_name",
     "kernel_trace_cost",
     "layout_conversions",

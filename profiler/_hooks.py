@@ -79,6 +79,42 @@ def dispatch_cost_ns() -> int:
     return max(0, int((statistics.median(hooked) - statistics.median(plain)) / n))
 
 
+_calibrating = False  # set while foreign_cost_ns() makes its own timer
+
+
+@functools.lru_cache(maxsize=1)
+def foreign_cost_ns() -> int:
+    """What the hooks of a call being timed add to one module call of another thread (torch's
+    hooked path, and both hooks returning at once on seeing another thread), in ns. Measured
+    once per process (median of repeats) with a real timer attached for no thread."""
+    global _calibrating  # noqa: PLW0603
+    mod = nn.Identity()
+    x = torch.zeros(1)
+    _calibrating = True
+    try:
+        timer = LayerTimer(mod)
+    finally:
+        _calibrating = False
+    n = 300
+
+    def run() -> int:
+        t = _perf_ns()
+        for _ in range(n):
+            mod(x)
+        return _perf_ns() - t
+
+    plain, hooked = [], []
+    for _ in range(5):
+        plain.append(run())
+        timer.attach(counters=False)
+        timer._thread = -1  # noqa: SLF001 - every call is another thread's
+        try:
+            hooked.append(run())
+        finally:
+            timer.detach()
+    return max(0, int((statistics.median(hooked) - statistics.median(plain)) / n))
+
+
 @dataclass
 class RawCall:
     """What one sampled call measured, before it is turned into layer rows (that happens off
@@ -91,7 +127,7 @@ class RawCall:
     hooks: int = 0
     #: what the hooks cost other threads' module calls meanwhile (the hooks are process-wide:
     #: each such call takes torch's hooked path and returns from the hooks at once), charged
-    #: to this call: torch's dispatch cost per call, calibrated (:func:`dispatch_cost_ns`)
+    #: to this call: that path's cost per call, calibrated (:func:`foreign_cost_ns`)
     foreign_ns: int = 0
     gpu: Any = None
     counter_names: tuple[str, ...] | None = None
@@ -126,6 +162,7 @@ class LayerTimer:
         #: counter names when the reader returns tuples (PerfCounters.reader), else None
         self._names: tuple[str, ...] | None = None
         self._dispatch = dispatch_cost_ns()
+        self._foreign = 0 if _calibrating else foreign_cost_ns()
         self._thread: int | None = None
         self._handles: list[Any] = []
         self._seq = 0
@@ -137,7 +174,7 @@ class LayerTimer:
     def _pre(self, mod: nn.Module, _args: Any) -> None:
         t0 = _perf_ns()
         if _ident() != self._thread:
-            self._raw.foreign_ns += self._dispatch  # racy between threads: an estimate
+            self._raw.foreign_ns += self._foreign  # racy between threads: an estimate
             return
         i = self._index.get(id(mod))
         if i is None:
@@ -218,6 +255,11 @@ class LayerTimer:
         self._thread = None
         if self.gpu is not None:
             self.gpu.end_call()
+
+    @property
+    def foreign_ns(self) -> int:
+        """What the call being timed has cost other threads' module calls so far."""
+        return self._raw.foreign_ns
 
     def take(self) -> RawCall:
         """The measurements of the call just timed (the timer is ready for the next one)."""

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from profiler import (
-    Pacer, Period, Profiler, ProfilerConfig, RateController, Window, dispatch_cost_ns,
+    Pacer, Period, Profiler, ProfilerConfig, RateController, Window, foreign_cost_ns,
 )
 
 MS = 1_000_000
@@ -363,6 +363,6 @@ def test_what_a_sampled_call_costs_other_threads_is_charged_to_it() -> None:
 
     alone = min(sampled_call(0) for _ in range(3))
     shared = sampled_call(20)
-    expected = 20 * modules * dispatch_cost_ns()
+    expected = 20 * modules * foreign_cost_ns()
     assert expected > 0
     assert shared - alone >= 0.9 * expected, (shared, alone, expected)
