@@ -252,6 +252,19 @@ class Profiler:
             KernelTimer(module, kernels) if kernels
             else LayerTimer(module, self._counter_source(), self._gpu_for(module)))
 
+    def calibrate(self, module: nn.Module, twin: Callable[[], Any],
+                  variant: Callable[[], Any]) -> int | None:
+        """For a module watched with ``kernels`` (its sampled calls run a profiling twin):
+        measure what a sampled call costs over a live one (``twin`` and ``variant`` run one
+        call each; see ``KernelTimer.calibrate``), with sampling paused meanwhile (one trace
+        at a time in a process). Returns that cost (ns), or None for a module timed by hooks
+        or not watched."""
+        timer = self._timers.get(id(module))
+        if not isinstance(timer, KernelTimer):
+            return None
+        with self.paused():
+            return timer.calibrate(twin, variant)
+
     def forget(self, module: nn.Module) -> None:
         self._timers.pop(id(module), None)
 

@@ -179,6 +179,7 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         assert kernels <= _kernel_events(served.slot.twin.twin, _inputs(mlp_spec)[0])
         assert not kernels & _kernel_events(served.slot.module, _inputs(mlp_spec)[0])
         assert served.status()["profile_twin"].startswith("loaded")
+        assert "over a live one" in served.status()["profile_twin"]  # calibrated in this process
         for x in _inputs(mlp_spec) * 50:
             served(x)
         served.flush()
