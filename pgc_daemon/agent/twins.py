@@ -141,6 +141,8 @@ class TwinWatch:
             detail = f"not calibrated: {describe(exc)}"
             log.warning("profiling twin of %s %s", slot.label, detail)
         self.state = f"loaded for variant {slot.variant_id} ({detail})"
+        served.profiler.event("profiler", "info", f"profiling twin of {slot.label} loaded: "
+                              f"{detail}", {"variant_id": slot.variant_id})
         log.info("profiling twin of %s loaded: sampled calls are split over its layers", slot.label)
         return True
 

@@ -183,6 +183,9 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         for x in _inputs(mlp_spec) * 50:
             served(x)
         served.flush()
+        with store.session() as s:  # and said so where a user reads events
+            events = st.repo.list_events(s, st.repo.get_model(s, "mlp").id, kind="profiler")
+            assert any("over a live one" in e.message for e in events)
         with store.session() as s:
             prof = profile_summary(s, st.repo.get_model(s, "mlp"))
         active = prof["active"]
