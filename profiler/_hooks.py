@@ -51,11 +51,9 @@ GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global h
 warnings.filterwarnings("ignore", message=GLOBAL_HOOK_WARNING, category=UserWarning)
 
 
-@functools.lru_cache(maxsize=1)
-def dispatch_cost_ns() -> int:
-    """What a pair of (empty) global forward hooks adds to one module call, in ns: torch's
-    slow path with hooks present. Measured once per process (median of repeats), so the
-    overhead ledger can charge it without timing it on every call."""
+def _hooked_cost_ns(hook: Any, unhook: Any) -> int:
+    """What hooks add to one call of a module, in ns: an ``nn.Identity`` called with and
+    without them (``hook()`` puts them on, ``unhook()`` takes them off), median of repeats."""
     mod = nn.Identity()
     x = torch.zeros(1)
     n = 300
@@ -69,50 +67,46 @@ def dispatch_cost_ns() -> int:
     plain, hooked = [], []
     for _ in range(5):
         plain.append(run())
-        h1 = _module.register_module_forward_pre_hook(lambda m, a: None)
-        h2 = _module.register_module_forward_hook(lambda m, a, o: None, always_call=True)
+        hook()
         try:
             hooked.append(run())
         finally:
-            h1.remove()
-            h2.remove()
+            unhook()
     return max(0, int((statistics.median(hooked) - statistics.median(plain)) / n))
 
 
-_calibrating = False  # set while foreign_cost_ns() makes its own timer
+@functools.lru_cache(maxsize=1)
+def dispatch_cost_ns() -> int:
+    """What a pair of (empty) global forward hooks adds to one module call, in ns: torch's
+    slow path with hooks present. Measured once per process, so the overhead ledger can
+    charge it without timing it on every call."""
+    handles: list[Any] = []
+
+    def hook() -> None:
+        handles[:] = [
+            _module.register_module_forward_pre_hook(lambda m, a: None),
+            _module.register_module_forward_hook(lambda m, a, o: None, always_call=True),
+        ]
+
+    def unhook() -> None:
+        for h in handles:
+            h.remove()
+
+    return _hooked_cost_ns(hook, unhook)
 
 
 @functools.lru_cache(maxsize=1)
 def foreign_cost_ns() -> int:
     """What the hooks of a call being timed add to one module call of another thread (torch's
     hooked path, and both hooks returning at once on seeing another thread), in ns. Measured
-    once per process (median of repeats) with a real timer attached for no thread."""
-    global _calibrating  # noqa: PLW0603
-    mod = nn.Identity()
-    x = torch.zeros(1)
-    _calibrating = True
-    try:
-        timer = LayerTimer(mod)
-    finally:
-        _calibrating = False
-    n = 300
+    once per process with a real timer attached for no thread."""
+    timer = LayerTimer(nn.Identity(), foreign_ns=0)
 
-    def run() -> int:
-        t = _perf_ns()
-        for _ in range(n):
-            mod(x)
-        return _perf_ns() - t
-
-    plain, hooked = [], []
-    for _ in range(5):
-        plain.append(run())
+    def hook() -> None:
         timer.attach(counters=False)
         timer._thread = -1  # noqa: SLF001 - every call is another thread's
-        try:
-            hooked.append(run())
-        finally:
-            timer.detach()
-    return max(0, int((statistics.median(hooked) - statistics.median(plain)) / n))
+
+    return _hooked_cost_ns(hook, timer.detach)
 
 
 @dataclass
@@ -140,7 +134,10 @@ class RawCall:
 class LayerTimer:
     """Times the modules of one model for one call at a time."""
 
-    def __init__(self, model: nn.Module, counters: Any | None = None, gpu: Any | None = None) -> None:
+    def __init__(self, model: nn.Module, counters: Any | None = None, gpu: Any | None = None,
+                 *, foreign_ns: int | None = None) -> None:
+        """``foreign_ns``: what another thread's module call costs while hooks are on
+        (default: :func:`foreign_cost_ns`, calibrated once per process)."""
         self._index: dict[int, int] = {}
         self.names: list[str] = []
         self.op_types: list[str] = []
@@ -162,7 +159,7 @@ class LayerTimer:
         #: counter names when the reader returns tuples (PerfCounters.reader), else None
         self._names: tuple[str, ...] | None = None
         self._dispatch = dispatch_cost_ns()
-        self._foreign = 0 if _calibrating else foreign_cost_ns()
+        self._foreign = foreign_cost_ns() if foreign_ns is None else foreign_ns
         self._thread: int | None = None
         self._handles: list[Any] = []
         self._seq = 0
