@@ -3,6 +3,7 @@ calls are counted. Real tensors, a real profiler, the agent's inline steps."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -168,3 +169,43 @@ def test_the_ticker_drains_early_only_when_that_can_end_dense_keying() -> None:
         assert not fresh.calls.dense  # sparse within a tick, not a window
     finally:
         fresh.stop()
+
+
+def test_calls_recorded_by_many_threads_while_draining_are_each_counted_once() -> None:
+    """A drain takes what is in and leaves what is appended meanwhile for the next one."""
+    q = CallQueue(100)
+    threads, per_thread = 4, 20_000
+    drained: list[int] = []
+    done = threading.Event()
+
+    def serve(t: int) -> None:
+        for i in range(per_thread):
+            q.mark()
+            q.record((t, None, i, False, False, 0))
+
+    def drain() -> None:
+        while not done.is_set():
+            drained.extend(e[0] * per_thread + e[2] for e in q.drain()[0])
+        drained.extend(e[0] * per_thread + e[2] for e in q.drain()[0])
+
+    workers = [threading.Thread(target=serve, args=(t,)) for t in range(threads)]
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    done.set()
+    drainer.join()
+    assert sorted(drained) == list(range(threads * per_thread))
+    assert q.overflows == 0 and len(q) == 0
+
+
+def test_a_drain_keeps_the_newest_calls_past_the_cap_and_says_so() -> None:
+    q = CallQueue(100, maxlen=1000)
+    for i in range(2500):
+        q.record((1, None, i, False, False, 0))
+    entries, keys = q.drain()
+    assert [e[2] for e in entries] == list(range(1500, 2500)) and len(keys) == 1000
+    assert q.overflows == 1 and len(q) == 0
+
