@@ -107,40 +107,44 @@ class KernelTimer:
         self._trace.__enter__()  # adds 60 µs a call for schedules this does not use)
 
     def calibrate(self, twin: Callable[[], Any], variant: Callable[[], Any],
-                  repeats: int = 8) -> int:
+                  repeats: int = 12) -> int:
         """Measure, on this process's own calls (``twin`` and ``variant`` each run one call
         of the module sampled calls run and of the one every other call runs), what a sampled
         call costs that the live call does not, and take it out of sampled calls from then
-        on; returns it (ns). Calls are timed interleaved: the twin without the profiler, with
-        it, and the variant. Two parts: what recording costs per event (the twin with and
+        on; returns it (ns). Calls are timed interleaved, in rounds: the variant, the twin
+        without the profiler, the twin with it. Two parts, each the median over rounds of a
+        difference within the round (a round a burst of other work hits moves one
+        difference, not the estimate): what recording costs per event (the twin with and
         without the profiler), and what the twin costs over the variant without it: a
         package built with kernel events ran 9% slower than the variant itself (MiniLM int8
         static at 2 threads: 7.63 against 6.99 ms), which the rows had read as time between
         kernels (7-12% over live in the demos)."""
         from torch.autograd.profiler import profile  # noqa: PLC0415
 
-        on, off, plain, events = [], [], [], []
+        recording, twin_extra, events = [], [], []
         for _ in range(repeats):
             t = _perf_ns()
             variant()
-            plain.append(_perf_ns() - t)
+            plain = _perf_ns() - t
             t = _perf_ns()
             twin()
-            off.append(_perf_ns() - t)
+            off = _perf_ns() - t
             trace = profile(use_cpu=True)
             trace.__enter__()
             try:
                 t = _perf_ns()
                 twin()
-                on.append(_perf_ns() - t)
+                on = _perf_ns() - t
             finally:
                 trace.__exit__(None, None, None)
             events.append(sum(1 for _ in trace.kineto_results.events()))
+            recording.append(on - off)
+            twin_extra.append(off - plain)
         n = statistics.median(events)
         if n > 0:
-            extra = statistics.median(on) - statistics.median(off) - self._fixed_ns
+            extra = statistics.median(recording) - self._fixed_ns
             self._event_ns = int(min(max(extra / n, 0.0), MAX_EVENT_NS))
-        self._twin_ns = int(max(statistics.median(off) - statistics.median(plain), 0.0))
+        self._twin_ns = int(max(statistics.median(twin_extra), 0.0))
         return self._fixed_ns + int(n * self._event_ns) + self._twin_ns
 
     def detach(self) -> None:

@@ -6,7 +6,8 @@ canary see it only through :class:`Served`, so they never import the request pat
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from torch import nn
 
@@ -14,6 +15,8 @@ from pgc_daemon.agent.live import LiveRecord
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.slot import Slot
 from profiler import Profiler
+
+T = TypeVar("T")
 
 
 class Served(Protocol):
@@ -70,6 +73,12 @@ class Served(Protocol):
     def at_its_threads(self, slot: Slot) -> bool:
         """Whether calls of ``slot`` run at the intra-op thread count decided for its variant
         (or none is tuned for it): a canary compares two arms only then."""
+        ...
+
+    def measure_as_served(self, slot: Slot, fn: Callable[[], T]) -> T:
+        """``fn()`` as calls of ``slot`` are served: at the intra-op thread count its variant
+        runs at and at the serving threads' priority (in a short thread), for measurements
+        that stand for serving."""
         ...
 
     def take_variant_failure(self) -> str | None:

@@ -11,8 +11,11 @@ under the profiler and are split over the layers its kernels compute; every othe
 the variant as before. Once on the slot, the twin and the variant are timed against each
 other on a live input (``Profiler.calibrate``): what a sampled call costs over a live one
 (recording its events, and the twin's own kernel events: MiniLM's ran 9% slower than its
-variant) is taken out of its rows and charged to the budget. A call the twin fails is served by the variant; the twin is then
-taken off and not loaded again for that variant.
+variant) is taken out of its rows and charged to the budget. That is measured as calls are
+served (``Served.measure_as_served``: the variant's thread count, the serving threads'
+priority), and again once other processes leave this one more of the machine than they did
+then (a deployment lands while its search worker still runs). A call the twin fails is served
+by the variant; the twin is then taken off and not loaded again for that variant.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
 import store as st
 from compiler import compare
 from pgc_daemon.agent.contract import Served
-from pgc_daemon.agent.runtime import in_short_thread
+from pgc_daemon.agent.hostload import OtherLoad
+from pgc_daemon.agent.runtime import in_short_thread, thread_nice
 from pgc_daemon.agent.slot import Slot
 from pgc_daemon.agent.variants import Variants
 from pgc_daemon.errors import describe
@@ -38,6 +43,10 @@ POLL_S = 5.0
 #: the least cosine between the twin's outputs and the variant's on the same live inputs
 #: (the same graph, the same kernels: only the events differ)
 MIN_COSINE = 0.9999
+#: a twin calibrated while other processes kept this many more cores busy than now is
+#: calibrated again, at most every RECALIBRATE_S seconds
+RECALIBRATE_LOAD_DROP = 0.5
+RECALIBRATE_S = 60.0
 
 
 class GuardedTwin:
@@ -66,9 +75,14 @@ class GuardedTwin:
 class TwinWatch:
     """Gives the serving compiled variant its profiling twin once a worker built one."""
 
-    def __init__(self, served: Served, variants: Variants) -> None:
+    def __init__(self, served: Served, variants: Variants,
+                 load: Callable[[], float | None] | None = None) -> None:
         self._served = served
         self._variants = variants
+        #: cores busy outside this process now (None: not known)
+        self.load = load if load is not None else OtherLoad().cores
+        #: variant -> (when, other processes' load) of its twin's last calibration
+        self._calibrated: dict[int, tuple[float, float | None]] = {}
         self._next_at = 0.0
         self._tried: set[tuple[int, str]] = set()  # (variant, twin digest) loaded or refused
         self._loaded: dict[int, tuple[torch.nn.Module, object]] = {}  # variant -> (twin, kernels)
@@ -84,12 +98,15 @@ class TwinWatch:
             return False
         if slot.control is not None or slot.hookable or slot.variant_id is None:
             return False
-        if slot.twin is not None or slot.kernels is not None:
-            return False  # a twin already, or a package that carries kernel events itself
+        now = time.monotonic() if now is None else now
+        if slot.twin is not None:
+            self._recalibrate_if_quieter(slot, now)
+            return False
+        if slot.kernels is not None:
+            return False  # a package that carries kernel events itself
         kept = self._loaded.get(slot.variant_id)
         if kept is not None:  # the slot came back without it (a rollback, the demo's A/B)
             return self._put(slot, *kept)
-        now = time.monotonic() if now is None else now
         if now < self._next_at:
             return False
         self._next_at = now + POLL_S
@@ -125,26 +142,53 @@ class TwinWatch:
         served = self._served
         if served.slot is not slot:
             return False
-        served.swap(dataclasses.replace(slot, twin=GuardedTwin(twin, slot.module), kernels=kernels))
-        try:  # what a sampled call costs over a live one: rows take it out, the budget counts it
+        new = dataclasses.replace(slot, twin=GuardedTwin(twin, slot.module), kernels=kernels)
+        served.swap(new)
+        self._calibrate(new, "loaded")
+        log.info("profiling twin of %s loaded: sampled calls are split over its layers", slot.label)
+        return True
+
+    def _calibrate(self, slot: Slot, what: str) -> None:
+        """What a sampled call of ``slot`` (its twin under the profiler) costs over a live
+        one, measured as its calls are served: rows take it out, the budget counts it."""
+        served, variant_id = self._served, slot.variant_id or 0
+        load = self.load()
+        try:
             args, kwargs = self._variants.warm_examples()[0]
+            twin = slot.twin.twin if isinstance(slot.twin, GuardedTwin) else slot.twin
 
             def run(module: torch.nn.Module) -> None:
                 with torch.inference_mode():
                     module(*args, **kwargs)
 
-            cost = in_short_thread(served.profiler.calibrate, slot.module,
-                                   lambda: run(twin), lambda: run(slot.module))
+            def measure() -> tuple[int | None, int, int | None]:
+                cost = served.profiler.calibrate(slot.module, lambda: run(twin),
+                                                 lambda: run(slot.module))
+                return cost, torch.get_num_threads(), thread_nice()
+
+            cost, threads, nice = served.measure_as_served(slot, measure)
+            busy = "" if load is None else f", {load:.1f} cores busy elsewhere"
             detail = ("not calibrated: the variant is not watched" if cost is None
-                      else f"a sampled call costs {cost / 1e6:.2f} ms over a live one")
+                      else f"a sampled call costs {cost / 1e6:.2f} ms over a live one "
+                           f"(measured at {threads} thread{'s' if threads > 1 else ''}{busy})")
         except Exception as exc:  # noqa: BLE001 - the generic per-event cost stands
-            detail = f"not calibrated: {describe(exc)}"
+            detail, threads, nice = f"not calibrated: {describe(exc)}", None, None
             log.warning("profiling twin of %s %s", slot.label, detail)
-        self.state = f"loaded for variant {slot.variant_id} ({detail})"
-        served.profiler.event("profiler", "info", f"profiling twin of {slot.label} loaded: "
-                              f"{detail}", {"variant_id": slot.variant_id})
-        log.info("profiling twin of %s loaded: sampled calls are split over its layers", slot.label)
-        return True
+        self._calibrated[variant_id] = (time.monotonic(), load)
+        self.state = f"{what} for variant {slot.variant_id} ({detail})"
+        served.profiler.event("profiler", "info", f"profiling twin of {slot.label} {what}: "
+                              f"{detail}", {"variant_id": slot.variant_id, "load_cores": load,
+                                            "threads": threads, "nice": nice})
+
+    def _recalibrate_if_quieter(self, slot: Slot, now: float) -> None:
+        """Calibrate the serving twin again once other processes load the machine less than
+        they did at its last calibration (by RECALIBRATE_LOAD_DROP cores)."""
+        last = self._calibrated.get(slot.variant_id or 0)
+        if last is None or now - last[0] < RECALIBRATE_S or last[1] is None:
+            return
+        load = self.load()
+        if load is not None and last[1] - load >= RECALIBRATE_LOAD_DROP:
+            self._calibrate(slot, "calibrated again")
 
     def _drop(self, slot: Slot) -> None:
         """A twin failed a call: the serving slot's (or its canary control's) is taken off,

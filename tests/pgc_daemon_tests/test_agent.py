@@ -14,6 +14,8 @@ from compiler import Backend, CompileCache, Quantization, Recipe, build, build_p
 from pgc_daemon import attach
 from pgc_daemon.settings import Settings
 from pgc_daemon.agent.slot import Slot
+from pgc_daemon.agent import twins
+from pgc_daemon.agent.runtime import thread_nice
 from pgc_daemon.agent.twins import GuardedTwin
 
 from pgc_daemon.services.queries import profile_summary
@@ -145,6 +147,11 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
     # a fixed sampling rate: on a model this small the budget would sample almost nothing
     fixed = ProfilerConfig(sample_every=5, budget=None, window_s=settings.window_s)
     served = _attach(mlp_spec, settings, profiler=fixed, canary_latency_tolerance=10.0)
+    # the machine's load as the twin watch reads it: busy elsewhere when the twin is first
+    # calibrated (a search worker still running), quiet a little later
+    other_load = [1.5]
+    served.swapper.twins.load = lambda: other_load[0]
+    monkeypatch.setattr(twins, "RECALIBRATE_S", 0.5)
     try:
         with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=4) as load:
             wait_for(lambda: load.calls > 50, what="traffic")
@@ -180,12 +187,23 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         assert not kernels & _kernel_events(served.slot.module, _inputs(mlp_spec)[0])
         assert served.status()["profile_twin"].startswith("loaded")
         assert "over a live one" in served.status()["profile_twin"]  # calibrated in this process
+        # as the variant's calls are served: at its thread count, not the swapper's priority
+        threads = served.tuner.chosen(served.slot.variant_id) or served.tuner.configured
+        assert f"measured at {threads} thread" in served.status()["profile_twin"]
+        assert "1.5 cores busy elsewhere" in served.status()["profile_twin"]
+        other_load[0] = 0.2  # the worker is done: calibrated again, once
+        wait_for(lambda: served.status()["profile_twin"].startswith("calibrated again"),
+                 timeout=30, what="the twin's calibration once the machine is quiet")
+        assert "0.2 cores busy elsewhere" in served.status()["profile_twin"]
         for x in _inputs(mlp_spec) * 50:
             served(x)
         served.flush()
         with store.session() as s:  # and said so where a user reads events
             events = st.repo.list_events(s, st.repo.get_model(s, "mlp").id, kind="profiler")
-            assert any("over a live one" in e.message for e in events)
+            calibrations = [e for e in events if "over a live one" in e.message]
+            assert len(calibrations) == 2
+            assert {e.data["nice"] for e in calibrations} == {thread_nice()}  # this thread's
+            assert {e.data["threads"] for e in calibrations} == {threads}
         with store.session() as s:
             prof = profile_summary(s, st.repo.get_model(s, "mlp"))
         active = prof["active"]
