@@ -111,7 +111,8 @@ class Launcher:
         done, box = threading.Event(), []
         self._jobs.put((fn, args, done, box))
         if not done.wait(timeout_s):
-            raise TimeoutError(f"{getattr(fn, '__name__', 'work')} did not end in {timeout_s:.0f} s")
+            name = getattr(fn, "__name__", "work")
+            raise TimeoutError(f"{name} did not end in {timeout_s:.0f} s")
         ok, value = box[0]
         if not ok:
             raise value
