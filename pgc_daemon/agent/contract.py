@@ -6,8 +6,7 @@ canary see it only through :class:`Served`, so they never import the request pat
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from torch import nn
 
@@ -15,8 +14,6 @@ from pgc_daemon.agent.live import LiveRecord
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.slot import Slot
 from profiler import Profiler
-
-T = TypeVar("T")
 
 
 class Served(Protocol):
@@ -75,10 +72,9 @@ class Served(Protocol):
         (or none is tuned for it): a canary compares two arms only then."""
         ...
 
-    def measure_as_served(self, slot: Slot, fn: Callable[[], T]) -> T:
-        """``fn()`` as calls of ``slot`` are served: at the intra-op thread count its variant
-        runs at and at the serving threads' priority (in a short thread), for measurements
-        that stand for serving."""
+    def serving_threads(self, slot: Slot) -> int:
+        """The intra-op thread count calls of ``slot`` run at (decided for its variant, or
+        the configured one)."""
         ...
 
     def take_variant_failure(self) -> str | None:

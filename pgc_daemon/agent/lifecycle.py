@@ -6,21 +6,17 @@ reviewed) on its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 from torch import nn
 
 from pgc_daemon.agent.executor import Executor
-from pgc_daemon.agent.runtime import Launcher
-from pgc_daemon.agent.threadtune import ThreadTuner, set_thread_count
+from pgc_daemon.agent.threadtune import ThreadTuner
 from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from pgc_daemon.agent.shapewatch import slot_misses
 from pgc_daemon.agent.swapper import Swapper
 from profiler import Profiler
-
-T = TypeVar("T")
 
 
 class Lifecycle:
@@ -37,7 +33,6 @@ class Lifecycle:
     swapper: Swapper
     executor: Executor | None
     tuner: ThreadTuner
-    launcher: Launcher
     calls: int
     fallbacks: int
     caller_errors: int
@@ -83,7 +78,6 @@ class Lifecycle:
         if self.executor is not None:
             self.executor.stop()
         self.swapper.stop()
-        self.launcher.stop()
         self.profiler.stop(flush=self.model_id is not None)
         if self.model_id is not None:
             self.registry.save()
@@ -142,14 +136,8 @@ class Lifecycle:
     def at_its_threads(self, slot: Slot) -> bool:
         return slot.own_pool or self.tuner.decided(slot.variant_id)
 
-    def measure_as_served(self, slot: Slot, fn: Callable[[], T]) -> T:
-        threads = self.tuner.chosen(slot.variant_id) or self.tuner.configured
-
-        def as_served() -> T:
-            set_thread_count(threads)
-            return fn()
-
-        return self.launcher.run(as_served)
+    def serving_threads(self, slot: Slot) -> int:
+        return self.tuner.chosen(slot.variant_id) or self.tuner.configured
 
     def take_variant_failure(self) -> str | None:
         failure, self._failure = self._failure, None

@@ -27,7 +27,7 @@ from pgc_daemon.agent.executor import executor_for
 from pgc_daemon.agent.lifecycle import Lifecycle
 from pgc_daemon.agent.live import LiveRecord
 from pgc_daemon.agent.registry import Registry
-from pgc_daemon.agent.runtime import Launcher, traced_while_serving, wait_out_tracing
+from pgc_daemon.agent.runtime import traced_while_serving, wait_out_tracing
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from pgc_daemon.agent.swapper import Swapper
 from pgc_daemon.agent.threadtune import tuner_for
@@ -48,7 +48,6 @@ class ServedModel(Lifecycle):
         self.settings = registry.settings
         self._slot = Slot(self.base, None, BASE_LABEL, hookable=True)
         self.live = LiveRecord()
-        self.launcher = Launcher(f"pgc-launcher-{registry.name}")  # this thread's priority
         self.calls = self.fallbacks = self.retries = self.caller_errors = 0
         self.last_variant_error: str | None = None
         self._failure: str | None = None

@@ -99,6 +99,7 @@ class Swapper:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self.replica.stop()
+        self.twins.stop()
 
     def _report(self) -> Report:
         """This replica's row: what it serves, how fast, what it built (the replica's thread)."""

@@ -12,8 +12,8 @@ the variant as before. Once on the slot, the twin and the variant are timed agai
 other on a live input (``Profiler.calibrate``): what a sampled call costs over a live one
 (recording its events, and the twin's own kernel events: MiniLM's ran 9% slower than its
 variant) is taken out of its rows and charged to the budget. That is measured as calls are
-served (``Served.measure_as_served``: the variant's thread count, the serving threads'
-priority), and again once other processes leave this one more of the machine than they did
+served (the variant's thread count; the priority of the thread that attached, through a
+``runtime.Launcher``, not the swapper's lower one), and again once other processes leave this one more of the machine than they did
 then (a deployment lands while its search worker still runs). A call the twin fails is served
 by the variant; the twin is then taken off and not loaded again for that variant.
 """
@@ -31,8 +31,9 @@ import store as st
 from compiler import compare
 from pgc_daemon.agent.contract import Served
 from pgc_daemon.agent.hostload import OtherLoad
-from pgc_daemon.agent.runtime import in_short_thread, thread_nice
+from pgc_daemon.agent.runtime import Launcher, in_short_thread, thread_nice
 from pgc_daemon.agent.slot import Slot
+from pgc_daemon.agent.threadtune import set_thread_count
 from pgc_daemon.agent.variants import Variants
 from pgc_daemon.errors import describe
 
@@ -81,6 +82,8 @@ class TwinWatch:
         self._variants = variants
         #: cores busy outside this process now (None: not known)
         self.load = load if load is not None else OtherLoad().cores
+        #: made here, in the thread that attaches: the calibration runs at its priority
+        self.launcher = Launcher(f"pgc-launcher-{served.registry.name}")
         #: variant -> (when, other processes' load) of its twin's last calibration
         self._calibrated: dict[int, tuple[float, float | None]] = {}
         self._next_at = 0.0
@@ -161,12 +164,15 @@ class TwinWatch:
                 with torch.inference_mode():
                     module(*args, **kwargs)
 
+            threads = served.serving_threads(slot)
+
             def measure() -> tuple[int | None, int, int | None]:
+                set_thread_count(threads)
                 cost = served.profiler.calibrate(slot.module, lambda: run(twin),
                                                  lambda: run(slot.module))
                 return cost, torch.get_num_threads(), thread_nice()
 
-            cost, threads, nice = served.measure_as_served(slot, measure)
+            cost, threads, nice = self.launcher.run(measure)
             busy = "" if load is None else f", {load:.1f} cores busy elsewhere"
             detail = ("not calibrated: the variant is not watched" if cost is None
                       else f"a sampled call costs {cost / 1e6:.2f} ms over a live one "
@@ -189,6 +195,9 @@ class TwinWatch:
         load = self.load()
         if load is not None and last[1] - load >= RECALIBRATE_LOAD_DROP:
             self._calibrate(slot, "calibrated again")
+
+    def stop(self) -> None:
+        self.launcher.stop()
 
     def _drop(self, slot: Slot) -> None:
         """A twin failed a call: the serving slot's (or its canary control's) is taken off,
