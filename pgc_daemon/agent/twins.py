@@ -94,6 +94,7 @@ class TwinWatch:
 
     def check(self, now: float | None = None) -> bool:
         """Look at the serving slot; returns whether a twin was put on it now."""
+        self.load()  # every turn: a smoothed load needs readings before the calibration's
         served = self._served
         slot = served.slot
         if any(getattr(s.twin, "failures", 0) for s in (slot, slot.control) if s is not None):
