@@ -77,6 +77,10 @@ class Served(Protocol):
         the configured one)."""
         ...
 
+    def other_load(self) -> float | None:
+        """Cores busy outside this process now (None: not known); cheap, from any thread."""
+        ...
+
     def take_variant_failure(self) -> str | None:
         """The error of a pgc variant that failed a request since the last call, if any."""
         ...

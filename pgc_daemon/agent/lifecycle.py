@@ -139,6 +139,9 @@ class Lifecycle:
     def serving_threads(self, slot: Slot) -> int:
         return self.tuner.chosen(slot.variant_id) or self.tuner.configured
 
+    def other_load(self) -> float | None:
+        return self.tuner.load()
+
     def take_variant_failure(self) -> str | None:
         failure, self._failure = self._failure, None
         return failure

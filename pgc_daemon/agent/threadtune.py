@@ -153,7 +153,7 @@ class ThreadTuner:
         self.reprobe_s = reprobe_s
         self.min_reprobe_s = min_reprobe_s
         self.load_shift = max(LOAD_SHIFT, configured / 4)
-        self._load = load
+        self.load = load  # cores busy outside this process now (None: not known)
         self._clock = clock
         self._probes: dict[int | None, _Probe] = {}
         self._own_pools: set[int | None] = set()  # variants computing on a pool of their own
@@ -204,7 +204,7 @@ class ThreadTuner:
 
     def _moved(self, probe: _Probe) -> float | None:
         """The load now, where it has moved by ``load_shift`` from the decision's (else None)."""
-        now = self._load()
+        now = self.load()
         if now is None or probe.load is None or abs(now - probe.load) < self.load_shift:
             return None
         return now
@@ -271,7 +271,7 @@ class ThreadTuner:
         # (the comparisons already made, where the incumbent stays)
         against = comparisons if best == kept else {
             n: compare(s, probe.samples[best]) for n, s in probe.samples.items() if n != best}
-        load = self._load()
+        load = self.load()
         with self._lock:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()

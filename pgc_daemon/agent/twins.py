@@ -13,8 +13,9 @@ other on a live input (``Profiler.calibrate``): what a sampled call costs over a
 (recording its events, and the twin's own kernel events: MiniLM's ran 9% slower than its
 variant) is taken out of its rows and charged to the budget. That is measured as calls are
 served (the variant's thread count; the priority of the thread that attached, through a
-``runtime.Launcher``, not the swapper's lower one), and again once other processes leave this one more of the machine than they did
-then (a deployment lands while its search worker still runs). A call the twin fails is served
+``runtime.Launcher``, not the swapper's lower one), and again once other processes leave
+this one more of the machine than they did then (a deployment lands while its search worker
+still runs). A call the twin fails is served
 by the variant; the twin is then taken off and not loaded again for that variant.
 """
 
@@ -30,7 +31,6 @@ import torch
 import store as st
 from compiler import compare
 from pgc_daemon.agent.contract import Served
-from pgc_daemon.agent.hostload import OtherLoad
 from pgc_daemon.agent.runtime import Launcher, in_short_thread, thread_nice
 from pgc_daemon.agent.slot import Slot
 from pgc_daemon.agent.threadtune import set_thread_count
@@ -80,8 +80,8 @@ class TwinWatch:
                  load: Callable[[], float | None] | None = None) -> None:
         self._served = served
         self._variants = variants
-        #: cores busy outside this process now (None: not known)
-        self.load = load if load is not None else OtherLoad().cores
+        #: cores busy outside this process now (None: not known): the thread tuner's reading
+        self.load = load if load is not None else served.other_load
         #: made here, in the thread that attaches: the calibration runs at its priority
         self.launcher = Launcher(f"pgc-launcher-{served.registry.name}")
         #: variant -> (when, other processes' load) of its twin's last calibration
