@@ -6,8 +6,10 @@ table (an accuracy budget, an objective, a latency target). A *strategy* is what
 brings to it; the four here separate pgc's prior from its sampler:
 
 - ``pgc``: the sensitivity-pruned space, the baselines first, the quick accuracy check and
-  no more samples on backends the trials rank out (``ranked_out``), TPE;
-- ``pgc_no_baselines``: the same without the baselines (what TPE finds on its own);
+  no more samples on backends the trials rank out (``ranked_out``), then TPE with every other
+  trial a neighbor of the best so far (``neighbors``);
+- ``pgc_no_baselines``: the same without the baselines (what pgc's sampler finds on its own);
+- ``pgc_tpe_only``: pgc without the neighbor moves (TPE alone after the baselines);
 - ``random_baselines``: the same help as pgc (pruned space, baselines, quick check, ranked
   backends), random sampling (what pgc's sampler adds over chance);
 - ``random``: Optuna's random search over the whole space, nothing else.
@@ -44,11 +46,14 @@ class Strategy:
     baselines: bool
     prune: bool
     pruned_space: bool
+    neighbors: bool = False
 
 
 STRATEGIES = (
-    Strategy("pgc", "tpe", baselines=True, prune=True, pruned_space=True),
-    Strategy("pgc_no_baselines", "tpe", baselines=False, prune=True, pruned_space=True),
+    Strategy("pgc", "tpe", baselines=True, prune=True, pruned_space=True, neighbors=True),
+    Strategy("pgc_no_baselines", "tpe", baselines=False, prune=True, pruned_space=True,
+             neighbors=True),
+    Strategy("pgc_tpe_only", "tpe", baselines=True, prune=True, pruned_space=True),
     Strategy("random_baselines", "random", baselines=True, prune=True, pruned_space=True),
     Strategy("random", "random", baselines=False, prune=False, pruned_space=False),
 )
@@ -217,7 +222,7 @@ def trials(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str
         on_trial=lambda rec, done, budget: records.append(rec),
         sampler=optuna.samplers.RandomSampler(seed=seed) if strategy.sampler == "random" else None,
         evaluate=replay_evaluate(table, policy, prune=strategy.prune),
-        rank_backends=strategy.prune,
+        rank_backends=strategy.prune, neighbor_moves=strategy.neighbors,
     )
     if strategy.baselines:
         search.enqueue(baselines)

@@ -1,13 +1,13 @@
 """How fast does each search strategy find a good variant, and what does its prior buy?
 
 Trials and wall time until a strategy has a feasible variant within 5% of the best feasible,
-for pgc's profile-guided search and three ablations that separate its prior from its sampler
-(``bench/_search_replay.py``: pgc without the baselines, random sampling with pgc's help,
-plain random search), over several seeds, in several *scenarios*: policies where the
-baselines are the answer and where they are not (a stricter accuracy budget that rules out
-all-int8, the most accurate recipe under a latency target), MiniLM on unpadded sentences
-(every backend and layer choice the search offers, and its ways with many lengths), and six
-hot layers with a choice each. Where a baseline is the answer, random sampling given the same
+for pgc's profile-guided search and four ablations that separate its prior from its sampler
+(``bench/_search_replay.py``: pgc without the baselines, pgc without its neighbor moves,
+random sampling with pgc's help, plain random search), over several seeds, in several
+*scenarios*: policies where the baselines are the answer and where they are not (a stricter
+accuracy budget that rules out all-int8, the most accurate recipe under a latency target),
+MiniLM on unpadded sentences (every backend and layer choice the search offers, and its ways
+with many lengths), and six hot layers with a choice each. Where a baseline is the answer, random sampling given the same
 baselines reaches it at the same trial: ``worst_ratio_where_baselines_miss`` is the trial
 ratio over the other scenarios, and each scenario says which baseline answered it.
 
@@ -431,8 +431,8 @@ def main() -> int:
         "elapsed_s": round(time.monotonic() - started, 1),
     }
     t = RichTable(title="trials (median over seeds) to a feasible recipe within 5% of the best")
-    for col in ("scenario", "best", "pgc", "pgc no baselines", "random + baselines", "random",
-                "pgc/random+b", f"pgc at {BUDGET}"):
+    for col in ("scenario", "best", "pgc", "pgc no baselines", "pgc TPE only",
+                "random + baselines", "random", "pgc/random+b", f"pgc at {BUDGET}"):
         t.add_column(col, justify="left" if col in ("scenario", "best") else "right")
     for r in results:
         t.add_row(r["scenario"], r["best_label"][:40],

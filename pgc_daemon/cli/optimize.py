@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         def on_trial(rec, done: int, budget: int) -> None:  # type: ignore[no-untyped-def]
             progress.update(task, completed=done, description=f"{rec.label}: {rec.message}"[:80])
             if not console.is_terminal:
-                console.print(f"trial {done}/{budget}: {rec.label}: {rec.message}")
+                console.print(f"trial {done}/{budget}{rec.origin_note}: {rec.label}: {rec.message}")
 
         out = optimize(
             args.spec, policy, storage=args.storage, seed=args.seed, on_trial=on_trial,

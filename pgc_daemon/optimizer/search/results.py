@@ -45,10 +45,19 @@ class TrialRecord:
     (:class:`~pgc_daemon.optimizer.search.evaluate.QuickStep`)."""
     policy_version: int | None = None
     """The version of the policy the trial was evaluated under (None: offline, no store)."""
+    origin: str = ""
+    """Why the search tried it: ``baseline`` (queued before the sampler: a baseline or an
+    earlier study's choice), ``neighbor`` (one choice from the best so far), ``sampler``."""
     artifact: str | None = None
     """Digest of the compiled artifact the build saved in the shared artifact folder (an
     AOTInductor package or an ONNX model; None: nothing saved). Recorded on the variant, so
     a serving process loads it instead of compiling."""
+
+    @property
+    def origin_note(self) -> str:
+        """What a progress line says of why the search tried it (after the trial count)."""
+        return {"baseline": " (baseline)", "neighbor": " (next to the best so far)"}.get(
+            self.origin, "")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRecord:

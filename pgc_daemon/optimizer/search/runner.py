@@ -187,7 +187,7 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
                 trials_done=done,
                 best_speedup=best[0],
                 best_fidelity=best[1],
-                message=f"trial {done}/{budget}: {rec.label}: {rec.message}",
+                message=f"trial {done}/{budget}{rec.origin_note}: {rec.label}: {rec.message}",
             )
         progressive.offer(rec, done)
 

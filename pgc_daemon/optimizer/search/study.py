@@ -26,6 +26,7 @@ from compiler import CompileCache, Example, Recipe, RecipeError
 from pgc_daemon.optimizer.schedule import shape_signature, study_name
 from pgc_daemon.optimizer.search.baselines import ranked_out
 from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.neighbors import next_neighbor
 from pgc_daemon.optimizer.search.results import (
     SearchResult,
     TrialRecord,
@@ -37,16 +38,8 @@ from pgc_daemon.optimizer.search.space import Space
 from pgc_daemon.optimizer.search.trial import ServingThreads, evaluate_trial
 from pgc_daemon.policy import Policy
 
-__all__ = [
-    "Search",
-    "SearchResult",
-    "TrialRecord",
-    "open_study",
-    "pareto_front",
-    "pick",
-    "shape_signature",
-    "study_name",
-]
+__all__ = ["Search", "SearchResult", "TrialRecord", "open_study", "pareto_front", "pick",
+           "shape_signature", "study_name"]
 
 log = logging.getLogger("pgc.search")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -129,6 +122,7 @@ class Search:
         timing_gap_s: float = 0.0,
         serving_threads: ServingThreads | None = None,
         rank_backends: bool = True,
+        neighbor_moves: bool = True,
     ) -> None:
         """``reference_ms``: the base module's live latency at the policy's percentile. Then
         a candidate's latency is predicted as its measured ratio times that (what the latency
@@ -144,7 +138,9 @@ class Search:
         ``serving_threads``: fp32 as it serves; trials' ratios are against it (see
         :class:`~pgc_daemon.optimizer.search.trial.ServingThreads`). ``rank_backends``: skip
         samples on backends the trials so far rank out (:func:`ranked_out`; off: plain
-        sampling, the benchmark's ablation)."""
+        sampling, the benchmark's ablation). ``neighbor_moves``: every other trial the sampler
+        would make is a neighbor of the best so far (:mod:`.neighbors`; off: the sampler
+        alone)."""
         self.base = base
         self.space = space
         self.policy = policy
@@ -165,6 +161,7 @@ class Search:
         self.timing_gap_s = timing_gap_s
         self.serving_threads = serving_threads
         self.rank_backends = rank_backends and policy.objective == "fastest"
+        self.neighbor_moves = neighbor_moves
 
     # ------------------------------------------------------------------ running
 
@@ -189,16 +186,21 @@ class Search:
         started = time.monotonic()
         records = self.finished()
         seen = {r.recipe_hash: r for r in records if not r.duplicate}
-        evaluated = len(seen)
-        asks = 0
+        evaluated, asks, move_next = len(seen), 0, self.neighbor_moves
         while evaluated < n_trials and asks < 4 * n_trials:
             if self.should_stop():
                 break
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 break
             asks += 1
-            queued = self.rank_backends and bool(
-                self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+            queued = bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+            out = ranked_out(records, self.space.backends) if self.rank_backends else {}
+            # every other trial the sampler would make: one next to the best so far
+            move = None if queued or not move_next else next_neighbor(
+                self.space, records, self.policy, out)
+            if move is not None:
+                self.study.enqueue_trial(move)
+                queued = True
             trial = self.study.ask()
             recipe = self.space.suggest(trial)
             prior = seen.get(recipe.hash)
@@ -206,18 +208,19 @@ class Search:
                 rec = TrialRecord(**{**prior.to_dict(), "number": trial.number, "duplicate": True})
                 self._tell(trial, rec)
                 continue
-            slower = None if queued or not self.rank_backends else ranked_out(
-                records, self.space.backends).get(recipe.backend.label())
+            slower = None if queued else out.get(recipe.backend.label())
             if slower is not None:  # told infeasible at no cost: the sampler learns to leave it
                 trial.set_constraint("backend_ranked_out", slower - 1.0)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 continue
             rec = self.evaluate(trial.number, trial.params, recipe)
             rec.policy_version = self.policy_version
+            rec.origin = "neighbor" if move else "baseline" if queued else "sampler"
             self._tell(trial, rec)
             seen[rec.recipe_hash] = rec
             records.append(rec)
             evaluated += 1
+            move_next = self.neighbor_moves and move is None
             if self.on_trial is not None:
                 self.on_trial(rec, evaluated, n_trials)
         return self.result([r for r in records if not r.duplicate])
@@ -250,7 +253,7 @@ class Search:
                 continue
             trial = self.study.ask()
             rec = self.evaluate(trial.number, params, recipe)
-            rec.policy_version = self.policy_version
+            rec.policy_version, rec.origin = self.policy_version, "baseline"
             trial.set_user_attr("record", rec.to_dict())
             trial.set_user_attr(EARLY, True)
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -355,9 +358,7 @@ class Search:
             closest = sorted(complete, key=lambda r: r.violation)[:3]
             message = "no feasible variant under the policy" + (
                 "; closest: " + "; ".join(f"{r.label} ({r.message})" for r in closest)
-                if closest
-                else ""
-            )
+                if closest else "")
         elif chosen is base:
             best = min(complete, key=lambda r: r.ratio, default=None)
             message = "fp32 eager stays fastest: no variant beat it" + (
