@@ -290,7 +290,9 @@ def prepare_table(name: str, fresh: bool, progress: Any, console: Any) -> Prepar
                                      fingerprint(model), full.to_dict()]).encode()).hexdigest()[:16]
     cache = ROOT / ".cache" / f"search-table-{name}-{key}.json"
     measurer = Search(
-        base=model, space=full, policy=Policy(max_trials=full.size),
+        # every recipe measured whole; a policy's trial cap (1000) is under the six hot
+        # layers' 32 768 recipes, which refused to start before
+        base=model, space=full, policy=MEASURE_ALL,
         evaluator=Evaluator(model, inputs, **kwargs),
         timing_inputs=timing_inputs_for(inputs, histogram), calibration=inputs,
         storage=None, name=f"bench-table-{name}",
