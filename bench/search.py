@@ -270,6 +270,18 @@ class Prepared:
     """writes the table to its cache (a lazy table grows while strategies run)"""
 
 
+def measurer_for(name: str, model: torch.nn.Module, full: Space, inputs: list[Any],
+                 metric_kwargs: dict[str, Any], histogram: dict[str, int]) -> Search:
+    """The search whose evaluation measures a table's recipes, each whole (``MEASURE_ALL``:
+    a space of any size; the six hot layers' 32 768 recipes are over a policy's trial cap)."""
+    return Search(
+        base=model, space=full, policy=MEASURE_ALL,
+        evaluator=Evaluator(model, inputs, **metric_kwargs),
+        timing_inputs=timing_inputs_for(inputs, histogram), calibration=inputs,
+        storage=None, name=f"bench-table-{name}",
+    )
+
+
 def prepare_table(name: str, fresh: bool, progress: Any, console: Any) -> Prepared:
     spec = TABLES[name]
     model, inputs, kwargs = spec.load()
@@ -289,14 +301,7 @@ def prepare_table(name: str, fresh: bool, progress: Any, console: Any) -> Prepar
     key = hashlib.sha256(json.dumps([TABLE_VERSION, hw.key(), torch.__version__,
                                      fingerprint(model), full.to_dict()]).encode()).hexdigest()[:16]
     cache = ROOT / ".cache" / f"search-table-{name}-{key}.json"
-    measurer = Search(
-        # every recipe measured whole; a policy's trial cap (1000) is under the six hot
-        # layers' 32 768 recipes, which refused to start before
-        base=model, space=full, policy=MEASURE_ALL,
-        evaluator=Evaluator(model, inputs, **kwargs),
-        timing_inputs=timing_inputs_for(inputs, histogram), calibration=inputs,
-        storage=None, name=f"bench-table-{name}",
-    )
+    measurer = measurer_for(name, model, full, inputs, kwargs, histogram)
     data: dict[str, Any] = {"entries": {}, "baseline_ms": None, "measure_s": 0.0,
                             "complete": False}
     if cache.exists() and not fresh:

@@ -84,3 +84,22 @@ def test_a_lazy_table_measures_what_the_strategies_visit_and_keeps_it(
     # a second run starts from what the first measured
     again = search.prepare_table("t_lazy", False, quiet_progress, quiet_progress.console)
     assert set(again.table.entries) == set(saved)
+
+
+def test_a_table_of_any_size_can_be_measured() -> None:
+    """Six hot layers with four choices on two backends (minilm_hot6's 32 768 recipes) are
+    over a policy's trial cap: the measuring search refused to start before."""
+    import torch
+
+    from pgc_daemon.optimizer.search.space import Space
+
+    choices = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt")
+    space = Space(hot_layers=tuple("abcdef"), layer_choices=choices, default_choices=choices,
+                  backends=("inductor", "eager"))
+    assert space.size == 32_768
+    model = torch.nn.Linear(4, 2)
+    inputs = [((torch.randn(1, 4),), {}) for _ in range(4)]
+    measurer = search.measurer_for("big", model, space, inputs, {"metric": "cosine"}, {})
+    entry = search.measure_entry(measurer, space.params("fp32", "eager"),
+                                 space.recipe(space.params("fp32", "eager")), 0)
+    assert entry["state"] == "complete" and entry["drop"] == pytest.approx(0.0, abs=1e-6)
