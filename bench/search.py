@@ -7,9 +7,10 @@ random sampling with pgc's help, plain random search), over several seeds, in se
 *scenarios*: policies where the baselines are the answer and where they are not (a stricter
 accuracy budget that rules out all-int8, the most accurate recipe under a latency target),
 MiniLM on unpadded sentences (every backend and layer choice the search offers, and its ways
-with many lengths), and six hot layers with a choice each. Where a baseline is the answer, random sampling given the same
-baselines reaches it at the same trial: ``worst_ratio_where_baselines_miss`` is the trial
-ratio over the other scenarios, and each scenario says which baseline answered it.
+with many lengths), and six hot layers with a choice each. Where a baseline is the answer,
+random sampling given the same baselines reaches it at the same trial:
+``worst_ratio_where_baselines_miss`` is the trial ratio over the other scenarios, and each
+scenario says which baseline answered it.
 
 Method (a tabular benchmark): every recipe of a table's space is built, compiled and measured
 once for real, in this run (candidate and fp32 eager interleaved; accuracy on the table's
