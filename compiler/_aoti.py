@@ -509,8 +509,9 @@ def package_code(path: str | Path) -> tuple[str, str]:
 
 
 def summarize_package(path: str | Path) -> str:
-    """``oneDNN int8 linear x36, aten._scaled_dot_product_flash_attention_for_cpu x6, 21
-    generated fused kernels``: which library kernels the package's wrapper calls."""
+    """``oneDNN int8 linear x36, aten._scaled_dot_product_flash_attention_for_cpu x6, 4 bf16
+    constants, 21 generated fused kernels``: which library kernels the package's wrapper
+    calls, and its weights in half precision."""
     wrapper, kernels = package_code(path)
     calls: Counter[str] = Counter()
     for m in _SHIM.finditer(wrapper):
@@ -518,6 +519,11 @@ def summarize_package(path: str | Path) -> str:
         calls[next((label for part, label in _KERNEL_NAMES if part in op), f"aten.{op}")] += 1
     proxied = wrapper.count("proxy_executor->call_function")
     parts = [f"{k} x{v}" for k, v in calls.most_common()]
+    for dtype in ("bfloat16", "float16"):  # half weights (compiler._graph_cast), if any
+        pattern = rf"constants_info_\[\d+\]\.dtype = cached_torch_dtype_{dtype};"
+        n = len(re.findall(pattern, wrapper))
+        if n:
+            parts.append(f"{n} {'bf16' if dtype == 'bfloat16' else 'fp16'} constants")
     if proxied:
         parts.append(f"{proxied} ops through the proxy executor")
     generated = len(set(re.findall(r"\b(?:cpp_fused|triton)_\w+", kernels + wrapper)))

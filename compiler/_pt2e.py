@@ -7,9 +7,10 @@ Inductor with weight freezing then lowers each pattern to oneDNN int8 kernels (`
 
 Per-layer choices go through the quantizer's module-name configs. One quantizer instance
 refuses to mix static and dynamic configs, so dynamic layers get a second quantizer composed in
-front (``ComposableQuantizer``); layers meant to stay float are configured ``None``. Layers the
-quantizer cannot take (fp16/bf16 casts and int8 weight-only change the op pattern the quantizer
-matches) stay fp32 in a pt2e recipe, and the report says so.
+front (``ComposableQuantizer``); layers meant to stay float are configured ``None``. bf16/fp16
+layers are left to the quantizer as float and cast inside the converted graph
+(``_graph_cast``); int8 weight-only (which changes the op pattern the quantizer matches) stays
+fp32 in a pt2e recipe, and the report says so.
 
 Whole-model export fails on data-dependent Python control flow. Then each child module that
 holds a target layer is exported on its own (recursively, with inputs captured from the
@@ -39,6 +40,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from compiler._graph_cast import cast_layers
+from compiler._graph_cast import module_of as _module_of
 from compiler._registry import BuildContext, Example
 from compiler.hardware import probe
 from compiler.recipe import LayerQuant
@@ -273,14 +276,6 @@ def find_regions(
 # --------------------------------------------------------------------------- quantize
 
 
-def _module_of(node: torch.fx.Node) -> str | None:
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    return path.removeprefix("L['self'].")
-
-
 def layer_status(gm: torch.fx.GraphModule) -> dict[str, str]:
     """For each Linear/Conv node of a converted graph: ``static``, ``dynamic`` or ``float``,
     by its module name (what convert_pt2e really did, not what was asked)."""
@@ -350,9 +345,9 @@ def quantize_region(
 
 
 #: The version of pgc's own rewrites of a graph (this module's clamps of narrow quantizes,
-#: ``compiler._attention``'s lowering), part of every cache key: a graph or package saved by
-#: an older pgc is not reused when these change.
-GRAPH_PASSES = "2"
+#: ``compiler._attention``'s lowering, ``compiler._graph_cast``'s bf16 layers), part of every
+#: cache key: a graph or package saved by an older pgc is not reused when these change.
+GRAPH_PASSES = "3"
 
 
 def clamp_narrow_quantize(gm: torch.fx.GraphModule) -> int:
@@ -399,10 +394,14 @@ def quantize_pt2e(
     keep_float: set[str],
     default: LayerQuant | None,
     ctx: BuildContext,
+    halves: dict[str, torch.dtype] | None = None,
 ) -> nn.Module:
-    """Quantize the layers in ``plan`` (int8 static or dynamic, by module name) through pt2e.
-    Returns the new model (a GraphModule when the whole model exported); layers that could not
-    be quantized are left as they were and recorded in ``ctx.report.skipped``."""
+    """Quantize the layers in ``plan`` (int8 static or dynamic, by module name) through pt2e,
+    and run the float layers in ``halves`` in their bf16/fp16 inside the same graph
+    (``_graph_cast``). Returns the new model (a GraphModule when the whole model exported);
+    layers that could not be quantized are left as they were and recorded in
+    ``ctx.report.skipped``; the names of the layers cast are added to ``ctx.state["cast"]``."""
+    halves = halves or {}
     report = ctx.report
     inputs = list(ctx.calibration) or ([ctx.example] if ctx.example is not None else [])
     statics = {n for n, c in plan.items() if c.scheme == "static"}
@@ -434,6 +433,8 @@ def quantize_pt2e(
         # under it (the whole model, or a region whose every layer is planned static)
         region_default = default if default is not None and default.scheme == "static" else None
         converted = quantize_region(gm, mine, floats, region_default, region_inputs)
+        cast = cast_layers(converted, {rel(n): d for n, d in halves.items() if inside(n)})
+        ctx.state.setdefault("cast", set()).update(f"{prefix}{n}" if n else region for n in cast)
         status = layer_status(converted)
         for name, choice in plan.items():
             if not inside(name):

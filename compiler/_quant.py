@@ -151,19 +151,32 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
         # dynamic layers join the static ones in the exported graph (one graph, one compile)
         pt2e_plan.update({n: c for n, c in plan.items() if c.scheme == "dynamic"})
         default = dict(part.rules).get(DEFAULT_KEY)
-        keep_float = set()
+        keep_float: set[str] = set()
+        halves: dict[str, nn.Module] = {}
         for name, mod in model.named_modules():
             if isinstance(mod, STATIC_MODULES) and name not in pt2e_plan:
                 keep_float.add(name)
                 choice = plan.get(name)
-                if choice is not None:
+                if choice is not None and choice.precision in _DTYPES:
+                    halves[name] = mod  # cast inside the graph (compiler._graph_cast)
+                elif choice is not None:
                     ctx.report.skip(
                         name,
                         f"{choice.label()} cannot join a pt2e (static int8) graph: the x86 "
                         "quantizer matches plain aten.linear/conv only; kept fp32",
                     )
-        plan = {n: c for n, c in plan.items() if n not in keep_float and n not in pt2e_plan}
-        model = quantize_pt2e(model, pt2e_plan, keep_float, default, ctx)
+        dtypes = {n: _DTYPES[plan[n].precision] for n in halves}
+        model = quantize_pt2e(model, pt2e_plan, keep_float, default, ctx, dtypes)
+        cast = ctx.state.get("cast", set())
+        for name, mod in halves.items():
+            if name in cast:
+                ctx.report.applied[name] = plan[name].label()
+                ctx.report.kernel_paths[name] = (
+                    _half_path(plan[name].precision, mod) + ", inside the int8 graph"
+                )
+        # layers outside every exported region stay eager modules and take the cast hooks
+        plan = {n: c for n, c in plan.items()
+                if n not in pt2e_plan and (n not in keep_float or (n in halves and n not in cast))}
     _quantize_eager(model, plan, ctx)
     if "dynamic_path" in ctx.state:
         for name in dynamic:

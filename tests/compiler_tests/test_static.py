@@ -108,8 +108,9 @@ def test_a_variant_compiled_while_another_thread_runs_one_still_gets_int8_kernel
 def test_layers_the_quantizer_cannot_take_stay_fp32_with_a_reason(mlp_spec: dict[str, Any]) -> None:
     rules = {"_default": "int8-static-pc", "net.3": "bf16", "net.5": "int8-weight_only-pc"}
     built = build(mlp_spec["model"], Recipe(quantization=Quantization.of(rules)), calibration=examples(mlp_spec, 4))
-    assert built.report.applied == {"net.1": "int8-static-pc"}
-    assert "kept fp32" in built.report.skipped["net.3"] and "kept fp32" in built.report.skipped["net.5"]
+    # bf16 is cast inside the graph (test_graph_cast.py); weight-only has no place in it
+    assert built.report.applied == {"net.1": "int8-static-pc", "net.3": "bf16"}
+    assert set(built.report.skipped) == {"net.5"} and "kept fp32" in built.report.skipped["net.5"]
 
 
 def test_static_without_calibration_inputs_is_skipped_not_guessed(mlp_spec: dict[str, Any]) -> None:

@@ -146,3 +146,20 @@ def test_the_sampler_is_not_given_trials_on_a_ranked_out_backend(mlp_spec) -> No
     told = [t for t in search.study.trials if t.state == TrialState.PRUNED]
     assert told and all(t.params["backend"] == "eager" for t in told)
     assert ranked_out(evaluated, space.backends) == {"eager": pytest.approx(2.0)}
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_fastest_keeps_its_sensitive_layers_in_bf16_where_offered_else_fp32(mlp_spec, bf16) -> None:
+    """A sensitive layer kept out of int8 runs in bf16 where the machine has bf16 units (in
+    the int8 graph, compiler._graph_cast): as accurate as fp32 and faster; fp32 elsewhere."""
+    choices = ("fp32", "int8-static-pc", "int8-dynamic-pc") + (("bf16",) if bf16 else ())
+    space = build_space(mlp_spec["model"], PROFILE, HW, max_hot=2, sensitivity=_report(),
+                        max_drop=0.01, backends=("inductor", "eager"), choices=choices)
+    policy = Policy(max_accuracy_drop=0.01)
+    queued = baselines_for(space, policy, _report())
+    kept = [p for p in queued
+            if p["default"].startswith("int8") and p["layer:net.1"] != p["default"]]
+    assert [p["default"] for p in kept] == ["int8-static-pc", "int8-dynamic-pc"]
+    # both hot layers cost a quarter of the budget or more alone (net.3: 0.003 per-tensor)
+    got = {p[f"layer:{n}"] for p in kept for n in ("net.1", "net.3")}
+    assert got == {"bf16" if bf16 else "fp32"}
