@@ -62,3 +62,29 @@ def test_half_precision_paths_name_the_units_the_probe_found(mlp_spec: dict[str,
         assert "BF16" in path
     else:
         assert "no bf16 units" in path
+
+
+_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16
+
+processor\t: 1
+cpu family\t: 99
+model name\t: Other
+"""
+
+
+def test_the_probe_names_the_cpu_generation_that_flags_alone_do_not_tell() -> None:
+    from compiler.hardware import Hardware, parse_cpuinfo
+
+    name, flags, generation = parse_cpuinfo(_CPUINFO)
+    assert (name, generation) == ("AMD EPYC", "family 25 model 17")  # the first processor's
+    assert {"avx512_vnni", "avx512_bf16"} <= flags and "avx512_fp16" not in flags
+    assert parse_cpuinfo("model name\t: X\nflags\t: sse2\n") == ("X", {"sse2"}, "")
+    hw = Hardware(cpu=name, arch="x86_64", cores=2, features={"avx2": True}, generation=generation)
+    assert hw.summary() == "AMD EPYC, family 25 model 17 (2 cores; avx2)"
+    # the generation does not change cache keys or study names
+    assert hw.key() == Hardware(cpu=name, arch="x86_64", cores=2, features={"avx2": True}).key()
