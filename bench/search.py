@@ -427,7 +427,8 @@ def main() -> int:
             seeds = min(args.seeds, args.lazy_seeds) if prep.spec.lazy else args.seeds
             results.append(run_scenario(sc, prep, seeds, 3 * BUDGET, progress))
     out = {
-        "cpu": hw.cpu, "features": sorted(k for k, v in hw.features.items() if v),
+        "cpu": hw.cpu, "generation": hw.generation,
+        "features": sorted(k for k, v in hw.features.items() if v),
         "seeds": args.seeds, "budget": BUDGET,
         "worst_ratio": worst_ratio(results),
         # where a baseline is the answer both strategies reach it at the same trial (ratio 1

@@ -69,20 +69,13 @@ CLIENTS = 4
 
 
 def cpu_isa() -> dict[str, Any]:
-    """The CPU's name and the ISA flags that matter to int8/bf16 kernels (/proc/cpuinfo)."""
-    name, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == "unknown":
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    present = [f for f in ISA_FLAGS if f in flags]
-    return {"cpu": name, "flags": present, "avx2": "avx2" in flags, "avx512": "avx512f" in flags,
-            "amx": "amx_tile" in flags}
+    """The CPU's name, generation and the ISA flags that matter to int8/bf16 kernels."""
+    from compiler.hardware import cpu_flags, probe
+
+    hw, flags = probe(), cpu_flags()
+    return {"cpu": hw.cpu, "generation": hw.generation,
+            "flags": [f for f in ISA_FLAGS if f in flags],
+            "avx2": "avx2" in flags, "avx512": "avx512f" in flags, "amx": "amx_tile" in flags}
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:

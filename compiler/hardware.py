@@ -87,6 +87,11 @@ def parse_cpuinfo(text: str) -> tuple[str, set[str], str]:
     return fields.get("model name", ""), set(fields.get("flags", "").split()), generation
 
 
+def cpu_flags() -> set[str]:
+    """Every flag ``/proc/cpuinfo`` lists for this CPU (empty where it cannot be read)."""
+    return _cpuinfo()[1]
+
+
 def _cpuinfo() -> tuple[str, set[str], str]:
     try:
         with open("/proc/cpuinfo") as fh:

@@ -65,17 +65,12 @@ def free_port() -> int:
 
 
 def cpu_info() -> dict[str, Any]:
-    model, flags = None, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    from compiler.hardware import cpu_flags, probe
+
+    hw, flags = probe(), cpu_flags()
     return {
-        "model": model,
+        "model": hw.cpu,
+        "generation": hw.generation,
         "cores": os.cpu_count(),
         "avx2": "avx2" in flags,
         "avx512f": "avx512f" in flags,

@@ -71,4 +71,4 @@ def test_the_pathological_key_allowed_by_the_api_pattern_fits_its_length() -> No
 
 def test_cpu_info_reports_isa_flags() -> None:
     info = harness.cpu_info()
-    assert set(info) >= {"model", "avx2", "avx512f", "amx"}
+    assert set(info) >= {"model", "generation", "avx2", "avx512f", "amx"}
