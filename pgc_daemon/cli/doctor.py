@@ -263,7 +263,7 @@ def collect() -> dict[str, Any]:
         "perf_counters": prof["perf_counters"],
         "cuda_events": prof["cuda_events"],
         "host_stats": prof["host_stats"],
-        "cpu": {"name": hw.cpu, "arch": hw.arch, "cores": hw.cores,
+        "cpu": {"name": hw.cpu, "generation": hw.generation, "arch": hw.arch, "cores": hw.cores,
                 "avx2": feats.get("avx2", False), "avx512": feats.get("avx512", False),
                 "vnni": bool(feats.get("avx512_vnni") or feats.get("avx_vnni")),
                 "amx": bool(feats.get("amx_int8") or feats.get("amx_bf16")),
@@ -353,7 +353,8 @@ def render(r: dict[str, Any]) -> None:
     line(pc["mode"] != "off", "perf counters", pc["summary"] + f" (perf_event_paranoid={pc['paranoid']})")
     cpu = r["cpu"]
     flags = ", ".join(f"{k} {'yes' if cpu[k] else 'no'}" for k in ("avx2", "avx512", "vnni", "amx", "bf16"))
-    line(True, "CPU", f"{cpu['name']}, {cpu['cores']} cores: {flags}")
+    name = f"{cpu['name']} ({cpu['generation']})" if cpu["generation"] else cpu["name"]
+    line(True, "CPU", f"{name}, {cpu['cores']} cores: {flags}")
     line(bool(r["cxx_compiler"]), "C++ compiler", r["cxx_compiler"] or "none on PATH (Inductor on CPU needs one)")
     th = r["threads"]
     line(th["second_thread_ratio"] < COSTLY_RATIO and th["intra_op"] <= th["cores"] or None, "threads",

@@ -135,6 +135,7 @@ def test_doctor_reports_versions_features_and_what_pgc_uses(capsys: pytest.Captu
     assert cpu["amx"] == bool(hw.features["amx_int8"] or hw.features["amx_bf16"])
     assert cpu["bf16"] == bool(hw.features["avx512_bf16"] or hw.features["amx_bf16"])
     assert cpu["int8_fast"] == hw.int8_fast
+    assert cpu["generation"] == hw.generation  # machines with the same flags differ
     from profiler import counter_availability
 
     assert report["perf_counters"]["mode"] == counter_availability().mode
