@@ -35,7 +35,7 @@ def module_of(node: torch.fx.Node) -> str | None:
     return path.removeprefix("L['self'].")
 
 
-def _is_dequantized(arg: object) -> bool:
+def is_dequantized(arg: object) -> bool:
     return isinstance(arg, torch.fx.Node) and str(arg.target).startswith(_DEQUANT)
 
 
@@ -83,7 +83,7 @@ def cast_layers(gm: torch.fx.GraphModule, dtypes: dict[str, torch.dtype]) -> set
         n_tensors = LAYER_OPS.get(node.target) if node.op == "call_function" else None
         name = module_of(node) if n_tensors else None
         dtype = dtypes.get(name) if name is not None else None
-        if dtype is None or any(_is_dequantized(a) for a in node.args[:2]):
+        if dtype is None or any(is_dequantized(a) for a in node.args[:2]):
             continue
         val = getattr(node.args[0], "meta", {}).get("val")
         if val is None or not val.dtype.is_floating_point or val.dtype == dtype:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from compiler._graph_cast import cast_layers
+from compiler._graph_cast import cast_layers, is_dequantized
 from compiler._graph_cast import module_of as _module_of
 from compiler._registry import BuildContext, Example
 from compiler.hardware import probe
@@ -51,7 +51,6 @@ MAX_CALIBRATION = 32
 """Calibration inputs used at most (histogram observers are slow; 32 live inputs suffice)."""
 
 _LAYER_OPS = {"aten.linear.default", "aten.conv2d.default"}
-_DEQUANT = "quantized_decomposed.dequantize_per"
 
 
 @contextlib.contextmanager
@@ -287,8 +286,8 @@ def layer_status(gm: torch.fx.GraphModule) -> dict[str, str]:
         if name is None:
             continue
         act, weight = node.args[0], node.args[1]
-        w_q = isinstance(weight, torch.fx.Node) and str(weight.target).startswith(_DEQUANT)
-        a_q = isinstance(act, torch.fx.Node) and str(act.target).startswith(_DEQUANT)
+        w_q = is_dequantized(weight)
+        a_q = is_dequantized(act)
         if w_q and a_q:
             out[name] = "dynamic" if str(act.target).endswith(".tensor") else "static"
         else:
