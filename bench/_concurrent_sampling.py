@@ -65,8 +65,9 @@ def concurrent(
                     calls = prof.calls
                     mark = calls.mark()
                     token = prof.sample(model) if mark else None
+                    run = token.module if token is not None else model
                     t0 = time.perf_counter_ns()
-                    model(*args)
+                    run(*args)
                     t1 = time.perf_counter_ns()
                     if mark is None:
                         calls.record((1, None, t1 - t0, False, False, 0))
@@ -87,8 +88,9 @@ def concurrent(
                 args = inputs[i % len(inputs)]
                 i += 1
                 token = every_call.begin(model) if profiled.is_set() else None  # every call
+                run = token.module if token is not None else model
                 t0 = time.perf_counter_ns()
-                model(*args)
+                run(*args)
                 if token is not None:
                     charged[0] += token.timer.foreign_ns
                     every_call.end(token, 1, args, {}, time.perf_counter_ns() - t0)

@@ -154,9 +154,10 @@ def interleaved(
             calls = prof.calls
             mark = calls.mark()
             token = prof.sample(model) if mark else None
+        run = token.module if token is not None else model
         c1 = _tt()
         t0 = _pc()
-        model(*args)
+        run(*args)
         t1 = _pc()
         c2 = _tt()
         if prof is not None:

@@ -92,6 +92,7 @@ class KernelTimer:
     def __init__(self, module: nn.Module,
                  kernel_layers: Mapping[str, Sequence[Sequence[str]]]) -> None:
         self.modules = [module]
+        self.target = module  # what a sampled call runs (the caller may run a twin instead)
         self.kernel_layers = {k: [list(v) for v in calls] for k, calls in kernel_layers.items()}
         self._seq = 0
         self._trace: Any = None

@@ -1,12 +1,15 @@
-"""Per-layer timing through forward hooks, present only while a sampled call runs.
+"""Per-layer timing through forward hooks, run only by the call being sampled.
 
-For the length of one sampled call two process-wide module hooks are registered (torch's
-``register_module_forward_pre_hook`` / ``register_module_forward_hook``) and removed right
-after, so unsampled calls pay nothing and attaching costs two registrations, not two per
-module. The hooks ignore other threads and modules of other models, but every module call in the
-process takes torch's hooked path meanwhile: what that costs other threads is charged to the
-sampled call (``RawCall.foreign_ns``), so the budget sees it and lowers the rate when many
-threads serve at once.
+A sampled call runs through the model's hook twin (:mod:`profiler._twin`): the same modules
+copied shallowly (parameters and every attribute shared), with the timer's hooks on every
+twin module. Other calls, in this thread or others, run the original, which has no hooks, so
+sampling one call costs no other call anything; attaching costs nothing per module. Where
+the model cannot be twinned (TorchScript modules) or its structure changed since it was
+watched, the call runs the original with two process-wide module hooks
+(``register_module_forward_pre_hook`` / ``register_module_forward_hook``) registered for its
+length: then every module call in the process takes torch's hooked path meanwhile, and what
+that costs other threads is charged to the sampled call (``RawCall.foreign_ns``), so the
+budget sees it. The caller runs whatever :attr:`LayerTimer.target` names.
 
 Inclusive times are taken for every module; a leaf reports its inclusive time and a
 container reports its *self* time (inclusive minus its children), which is where functional
@@ -40,6 +43,8 @@ import torch
 import torch.nn.modules.module as _module
 from torch import nn
 
+from profiler._twin import HookTwin, TwinUnavailable
+
 _perf_ns = time.perf_counter_ns
 _ident = threading.get_ident
 
@@ -51,10 +56,11 @@ GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global h
 warnings.filterwarnings("ignore", message=GLOBAL_HOOK_WARNING, category=UserWarning)
 
 
-def _hooked_cost_ns(hook: Any, unhook: Any) -> int:
-    """What hooks add to one call of a module, in ns: an ``nn.Identity`` called with and
-    without them (``hook()`` puts them on, ``unhook()`` takes them off), median of repeats."""
-    mod = nn.Identity()
+def _hooked_cost_ns(hook: Any, unhook: Any, mod: nn.Module | None = None) -> int:
+    """What hooks add to one call of a module, in ns: ``mod`` (an ``nn.Identity``) called with
+    and without them (``hook()`` puts them on, ``unhook()`` takes them off), median of
+    repeats."""
+    mod = mod if mod is not None else nn.Identity()
     x = torch.zeros(1)
     n = 300
 
@@ -75,14 +81,19 @@ def _hooked_cost_ns(hook: Any, unhook: Any) -> int:
     return max(0, int((statistics.median(hooked) - statistics.median(plain)) / n))
 
 
-@functools.lru_cache(maxsize=1)
-def dispatch_cost_ns() -> int:
-    """What a pair of (empty) global forward hooks adds to one module call, in ns: torch's
-    slow path with hooks present. Measured once per process, so the overhead ledger can
-    charge it without timing it on every call."""
+@functools.lru_cache(maxsize=2)
+def dispatch_cost_ns(per_module: bool = False) -> int:
+    """What a pair of (empty) forward hooks adds to one module call, in ns: torch's slow path
+    with hooks present, process-wide ones or (``per_module``) the module's own, as a twin
+    has. Measured once per process, so the overhead ledger can charge it without timing it
+    on every call."""
     handles: list[Any] = []
 
     def hook() -> None:
+        if per_module:
+            handles[:] = [probe.register_forward_pre_hook(lambda m, a: None),
+                          probe.register_forward_hook(lambda m, a, o: None)]
+            return
         handles[:] = [
             _module.register_module_forward_pre_hook(lambda m, a: None),
             _module.register_module_forward_hook(lambda m, a, o: None, always_call=True),
@@ -92,7 +103,8 @@ def dispatch_cost_ns() -> int:
         for h in handles:
             h.remove()
 
-    return _hooked_cost_ns(hook, unhook)
+    probe = nn.Identity()
+    return _hooked_cost_ns(hook, unhook, probe)
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,7 +112,7 @@ def foreign_cost_ns() -> int:
     """What the hooks of a call being timed add to one module call of another thread (torch's
     hooked path, and both hooks returning at once on seeing another thread), in ns. Measured
     once per process with a real timer attached for no thread."""
-    timer = LayerTimer(nn.Identity(), foreign_ns=0)
+    timer = LayerTimer(nn.Identity(), foreign_ns=0, twin=False)
 
     def hook() -> None:
         timer.attach(counters=False)
@@ -135,9 +147,11 @@ class LayerTimer:
     """Times the modules of one model for one call at a time."""
 
     def __init__(self, model: nn.Module, counters: Any | None = None, gpu: Any | None = None,
-                 *, foreign_ns: int | None = None) -> None:
-        """``foreign_ns``: what another thread's module call costs while hooks are on
-        (default: :func:`foreign_cost_ns`, calibrated once per process)."""
+                 *, foreign_ns: int | None = None, twin: bool = True) -> None:
+        """``foreign_ns``: what another thread's module call costs while process-wide hooks
+        are on (default: :func:`foreign_cost_ns`, calibrated once per process); ``twin``:
+        False times the original through process-wide hooks even where a twin could be
+        made."""
         self._index: dict[int, int] = {}
         self.names: list[str] = []
         self.op_types: list[str] = []
@@ -153,13 +167,28 @@ class LayerTimer:
             [self._index[id(c)] for c in mod.children() if id(c) in self._index]
             for mod in self.modules
         ]
+        #: the twin sampled calls run (None: the original, through process-wide hooks)
+        self.twin: HookTwin | None = None
+        self.twin_reason: str | None = None
+        self._global_index = self._index
+        if twin:
+            try:
+                self.twin = HookTwin(model, self._pre, self._post)
+                self._index = {id(self.twin.twin_of(m)): i for i, m in enumerate(self.modules)}
+            except TwinUnavailable as exc:
+                self.twin_reason = str(exc)
+        else:
+            self.twin_reason = "off"
+        self._foreign_given = foreign_ns
+        #: the module the sampled call must run: the twin, or the original
+        self.target: nn.Module = self.twin.root if self.twin is not None else model
         self.counters = counters
         self.gpu = gpu
         self._read: Any = counters.read if counters is not None else None
         #: counter names when the reader returns tuples (PerfCounters.reader), else None
         self._names: tuple[str, ...] | None = None
-        self._dispatch = dispatch_cost_ns()
-        self._foreign = foreign_cost_ns() if foreign_ns is None else foreign_ns
+        self._dispatch = dispatch_cost_ns(per_module=self.twin is not None)
+        self._foreign = 0 if self.twin is not None else self._global_foreign()
         self._thread: int | None = None
         self._handles: list[Any] = []
         self._seq = 0
@@ -240,16 +269,33 @@ class LayerTimer:
             self._read, self._names = None, None
         if self.gpu is not None:
             self.gpu.start_call(self._seq)
+        if self.twin is not None:
+            if self.twin.refresh():
+                return
+            self._untwin("the model's modules changed after it was watched")
         self._handles = [
             _module.register_module_forward_pre_hook(self._pre),
             _module.register_module_forward_hook(self._post, always_call=True),
         ]
+
+    def _untwin(self, reason: str) -> None:
+        """From now on, time this model through process-wide hooks on the original."""
+        self.twin, self.twin_reason = None, reason
+        self._index = self._global_index
+        self.target = self.modules[0]
+        self._dispatch = dispatch_cost_ns()
+        self._foreign = self._global_foreign()
+
+    def _global_foreign(self) -> int:
+        return foreign_cost_ns() if self._foreign_given is None else self._foreign_given
 
     def detach(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
         self._thread = None
+        if self.twin is not None:
+            self.twin.write_back()
         if self.gpu is not None:
             self.gpu.end_call()
 

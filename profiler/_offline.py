@@ -98,8 +98,9 @@ def profile_model(
                 args, kwargs = ex
                 shapes[shape_key(args, kwargs)] = shapes.get(shape_key(args, kwargs), 0) + 1
                 token = prof.begin(model)
+                run = token.module if token is not None else model
                 t0 = time.perf_counter_ns()
-                model(*args, **kwargs)
+                run(*args, **kwargs)
                 elapsed = time.perf_counter_ns() - t0
                 prof.end(token, None, args, kwargs, elapsed)
                 done += 1

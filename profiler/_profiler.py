@@ -7,7 +7,7 @@ unsampled call runs none of the profiler's Python (see :mod:`profiler._calls`)::
     calls = profiler.calls                                # bound once
     mark = calls.mark()                                   # None, KEY or SAMPLE (true)
     token = profiler.sample(module) if mark else None
-    ... the call, timed: elapsed ns ...
+    ... the call of token.module (a sampled call) or module, timed: elapsed ns ...
     if mark is None:                                      # unkeyed, not sampled
         calls.record((variant, None, elapsed, False, fallback, 0))
     else:
@@ -94,11 +94,15 @@ HOST_SHARE, HOST_MAX_STRETCH = 0.05, 10.0
 
 
 class _Token:
-    __slots__ = ("timer", "cost_ns")
+    """A sampled call. ``module``: what the call must run (the hook twin of the module
+    ``sample`` was given, see :mod:`profiler._twin`, or that module itself)."""
+
+    __slots__ = ("timer", "cost_ns", "module")
 
     def __init__(self, timer: LayerTimer, cost_ns: int) -> None:
         self.timer = timer
         self.cost_ns = cost_ns
+        self.module = timer.target
 
 
 @dataclass

@@ -85,7 +85,8 @@ class ServedModel(Lifecycle):
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None
-        module = slot.module if token is None or slot.twin is None else slot.twin  # see twins
+        # a sampled call runs the profiler's hook twin, or the profiling build (see twins)
+        module = slot.module if token is None else slot.twin or token.module
         fallback, t0 = False, _perf_ns()
         try:
             with torch.inference_mode():

@@ -160,7 +160,7 @@ def test_sampled_calls_of_a_compiled_variant_give_rows_per_layer_that_add_up(var
                 token = prof.begin(module)
                 assert token is not None
                 start = time.perf_counter_ns()
-                module(x)
+                (token.module if token is not None else module)(x)
                 prof.end(token, 2, (x,), {}, time.perf_counter_ns() - start)
         win = prof.close_window()
         rows = {(r.layer, r.op_type): r for r in win.layers}

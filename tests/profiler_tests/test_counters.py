@@ -149,7 +149,7 @@ def test_per_layer_counter_deltas_reach_the_window_rows() -> None:
     for _ in range(3):
         token = prof.begin(model)
         t0 = time.perf_counter_ns()
-        model(x)
+        (token.module if token is not None else model)(x)
         prof.end(token, 1, (x,), {}, time.perf_counter_ns() - t0)
     win = prof.close_window()
     rows = {r.layer: r for r in win.layers}
@@ -175,7 +175,7 @@ def test_layer_timer_takes_any_counter_source() -> None:
     model = nn.Sequential(nn.Identity(), nn.Identity())
     timer = LayerTimer(model, counters=Ticks())
     timer.attach()
-    model(torch.ones(1))
+    timer.target(torch.ones(1))
     timer.detach()
     rows = {r[0]: r[3] for r in timer.results()}
     assert rows["0"] == {"ticks": 1.0, "calls": 1.0} and rows["1"] == {"ticks": 1.0, "calls": 1.0}
@@ -195,7 +195,7 @@ def test_counters_are_read_on_one_sampled_call_in_n_and_say_over_how_many() -> N
     x = torch.ones(1)
     for _ in range(9):
         token = prof.begin(model)
-        model(x)
+        (token.module if token is not None else model)(x)
         prof.end(token, 1, (x,), {}, 1000)
     row = next(r for r in prof.close_window().layers if r.layer == "0")
     assert row.count == 9 and row.counters["calls"] == 3  # calls 1, 5 and 9

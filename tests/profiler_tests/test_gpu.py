@@ -197,7 +197,7 @@ def test_cuda_events_time_layers_without_syncing_the_request_path() -> None:
         token = prof.begin(model)
         t0 = time.perf_counter_ns()
         for _ in range(20):  # a long queue of GPU work
-            model(x)
+            (token.module if token is not None else model)(x)
         prof.end(token, 1, (x,), {}, time.perf_counter_ns() - t0)
     pending = prof._pending[0].raw.gpu
     assert pending is not None and not pending.end.query()  # end() did not wait for the GPU
@@ -220,7 +220,7 @@ def test_cupti_kernels_are_attributed_to_their_layers() -> None:
         for _ in range(3):
             token = prof.begin(model)
             t0 = time.perf_counter_ns()
-            model(x)
+            (token.module if token is not None else model)(x)
             prof.end(token, 1, (x,), {}, time.perf_counter_ns() - t0)
     win = prof.close_window()
     assert not prof._tracer.is_open  # recording stopped once the sampled calls were done

@@ -87,7 +87,7 @@ def test_layer_timer_attributes_leaves_and_container_self_time() -> None:
         timer = LayerTimer(model)
         timer.attach()
         t0 = time.perf_counter_ns()
-        model(torch.ones(1))
+        timer.target(torch.ones(1))
         total_ms = (time.perf_counter_ns() - t0) / 1e6
         timer.detach()
         got = _by_name(timer.results())
@@ -112,7 +112,7 @@ def test_layer_times_are_net_of_the_profilers_own_time() -> None:
         timer = LayerTimer(model, counters=counters)
         timer.attach()
         t0 = time.perf_counter_ns()
-        model(torch.ones(1))
+        timer.target(torch.ones(1))
         elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
         timer.detach()
         raw = timer.take()
@@ -127,9 +127,28 @@ def test_layer_times_are_net_of_the_profilers_own_time() -> None:
     _in_a_quiet_attempt(check)
 
 
-def test_hooks_are_present_only_while_sampling() -> None:
+def test_a_sampled_call_hooks_nothing_any_other_call_runs() -> None:
+    # The twin carries the hooks: no process-wide hook, none on the model's own modules,
+    # before, during or after a sampled call, and the twin computes what the model does.
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    before = (len(torch_module._global_forward_hooks), len(torch_module._global_forward_pre_hooks))
     timer = LayerTimer(model)
+    assert timer.twin is not None and timer.target is not model
+    x = torch.randn(3, 4)
+    timer.attach()
+    assert (len(torch_module._global_forward_hooks),
+            len(torch_module._global_forward_pre_hooks)) == before
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert torch.equal(timer.target(x), model(x))
+    timer.detach()
+    assert {"0", "1"} <= {r[0] for r in timer.results()}
+    assert timer.target[0].weight is model[0].weight  # shared, not copied
+
+
+def test_without_a_twin_hooks_are_present_only_while_sampling() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    timer = LayerTimer(model, twin=False)
+    assert timer.target is model
     before = (len(torch_module._global_forward_hooks), len(torch_module._global_forward_pre_hooks))
     timer.attach()
     assert len(torch_module._global_forward_hooks) == before[0] + 1
@@ -140,10 +159,11 @@ def test_hooks_are_present_only_while_sampling() -> None:
     assert not model[0]._forward_hooks and not model[0]._forward_pre_hooks
 
 
-def test_other_threads_and_other_models_are_not_timed() -> None:
+@pytest.mark.parametrize("twin", [True, False])
+def test_other_threads_and_other_models_are_not_timed(twin: bool) -> None:
     model = nn.Sequential(Slow(1))
     other = nn.Sequential(Slow(1))
-    timer = LayerTimer(model)
+    timer = LayerTimer(model, twin=twin)
     timer.attach()
     t = threading.Thread(target=model, args=(torch.ones(1),))
     t.start()
@@ -162,13 +182,14 @@ def test_a_failing_layer_leaves_the_timer_consistent() -> None:
     timer = LayerTimer(model)
     timer.attach()
     with pytest.raises(RuntimeError):
-        model(torch.ones(1))
+        timer.target(torch.ones(1))
     timer.detach()
     names = {r[0] for r in timer.results()}
     assert "0" in names
     timer.attach()  # and the next call is timed normally
-    nn.Sequential.forward(model[:1], torch.ones(1))
+    nn.Sequential.forward(timer.target[:1], torch.ones(1))
     timer.detach()
+    assert {r[0] for r in timer.results()} == {"0"}
 
 
 def test_one_call_in_n_is_sampled() -> None:
@@ -178,7 +199,7 @@ def test_one_call_in_n_is_sampled() -> None:
     x = torch.ones(1, 4)
     for _ in range(100):
         token = prof.begin(model)
-        model(x)
+        (token.module if token is not None else model)(x)
         prof.end(token, 1, (x,), {}, 1_000_000)
     win = prof.close_window()
     req = win.requests[0]
@@ -195,7 +216,7 @@ def test_sampled_calls_are_turned_into_rows_off_the_request_path() -> None:
     prof.watch(model)
     x = torch.ones(1, 4)
     token = prof.begin(model)
-    model(x)
+    (token.module if token is not None else model)(x)
     prof.end(token, 1, (x,), {}, 1_000_000)
     assert len(prof._pending) == 1  # end() only stashed the raw timings
     win = prof.close_window()
@@ -323,7 +344,7 @@ def test_closing_the_aggregator_directly_includes_pending_sampled_calls() -> Non
     prof.watch(model)
     x = torch.ones(1, 4)
     token = prof.begin(model)
-    model(x)
+    (token.module if token is not None else model)(x)
     prof.end(token, None, (x,), {}, 1000)
     assert "0" in {r.layer for r in prof.aggregator.close().layers}
 
