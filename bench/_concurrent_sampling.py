@@ -1,9 +1,10 @@
 """The ``concurrent`` case of ``bench/profiler_overhead.py``: what does one thread's sampled call
 cost the calls other threads serve at the same time?
 
-Per-layer hooks are module hooks: while one call is sampled they are attached for every
-thread, and the other threads' calls run through them (each returns at once on seeing another
-thread). Here 4 request threads call the model through the profiler's steps as the agent
+A sampled call runs the profiler's hook twin of the model, so the other threads' calls run
+no hook; with ``hook_twin=False`` (the fallback for models that cannot be twinned) the hooks
+are process-wide while a call is sampled, and the other threads' calls run through them
+(each returns at once on seeing another thread). Here 4 request threads call the model through the profiler's steps as the agent
 takes them (never sampled themselves), while a fifth thread calls it with **every** call
 sampled (by a second profiler of the same model), so hooks are attached nearly all the time: the worst case of another thread being
 sampled. Phases of ``phase_s`` alternate with a plain phase (all five threads call the model
@@ -36,12 +37,16 @@ def _profiled(phase: int) -> bool:
 
 
 def concurrent(
-    model: torch.nn.Module, inputs: list[tuple[Any, ...]], phases: int, phase_s: float
+    model: torch.nn.Module, inputs: list[tuple[Any, ...]], phases: int, phase_s: float,
+    hook_twin: bool = True,
 ) -> dict[str, Any]:
+    """``hook_twin``: the sampled calls run the profiler's hook twin (the default), or the
+    model itself with process-wide hooks."""
     # the request threads are never sampled: one call in a billion, no budget to change it
     prof = Profiler(ProfilerConfig(sample_every=10**9, max_sample_every=10**9, budget=None,
                                    host_interval_s=None))
-    every_call = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    every_call = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None,
+                                         hook_twin=hook_twin))
     for p in (prof, every_call):
         p.watch(model)
     profiled = threading.Event()  # set: a profiled phase
@@ -125,6 +130,7 @@ def concurrent(
     boot = ratios[rng.integers(0, n, (2000, n))].mean(1) - 1
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {
+        "hooks": "hook twin" if hook_twin else "process-wide",
         "request_threads": REQUEST_THREADS,
         "phases": phases,
         "phase_s": phase_s,

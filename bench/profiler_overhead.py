@@ -334,11 +334,13 @@ def render(results: dict[str, Any]) -> None:
         )
     console.print(table)
     for name, r in results.items():
-        c = r.get("concurrent") if isinstance(r, dict) else None
-        if c:
+        for key in ("concurrent", "concurrent_process_wide"):
+            c = r.get(key) if isinstance(r, dict) else None
+            if not c:
+                continue
             lo, hi = c["unsampled_overhead_ci95"]
             console.print(
-                f"{name}, concurrent: {c['request_threads']} request threads while another thread's every "
+                f"{name}, concurrent ({c['hooks']}): {c['request_threads']} request threads while another thread's every "
                 f"call is sampled: {c['profiled_cpu_us_per_call']:.0f} vs {c['plain_cpu_us_per_call']:.0f} "
                 f"CPU µs per call, {c['unsampled_overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] on the unsampled threads; "
                 f"charged to the sampled calls {c['charged_ms']:.0f} ms against {c['measured_extra_ms']:.0f} ms "
@@ -395,6 +397,9 @@ def main() -> int:
             log(f"{name}: concurrent: {REQUEST_THREADS} request threads while another is sampled, "
                 f"{args.phases} pairs of {args.phase_s:.0f} s phases")
             res["concurrent"] = concurrent(model, inputs, args.phases, args.phase_s)
+            log(f"{name}: the same with process-wide hooks (no twin)")
+            res["concurrent_process_wide"] = concurrent(model, inputs, args.phases,
+                                                        args.phase_s, hook_twin=False)
             results[name] = res
             log(f"{name}: default {res['default_overhead']:.3%}, 100% {res['full_overhead']:.1%}, "
                 f"torch.profiler {res['torch_profiler_overhead']:.1%}")

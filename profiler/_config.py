@@ -25,6 +25,10 @@ class ProfilerConfig:
       and this large raises a leak warning.
     - ``gpu`` / ``cupti``: CUDA events and CUPTI kernel records for modules on a CUDA device.
     - ``control_s``: how often the background thread wakes up.
+    - ``hook_twin``: sampled calls run a hook twin of the model (:mod:`profiler._twin`), so
+      no other call goes through a hook; False: they run the model itself with
+      process-wide hooks for their length (every module call in the process then takes
+      torch's hooked path meanwhile).
     - ``layer_window_calls`` / ``layer_window_max_s``: windows closed on the timer carry
       layer rows once that many calls were sampled since the last ones, or that long after;
       until then layer statistics keep accumulating (their rows say when they started).
@@ -48,6 +52,7 @@ class ProfilerConfig:
     control_s: float = 1.0
     layer_window_calls: int = 8
     layer_window_max_s: float = 60.0
+    hook_twin: bool = True
 
     def __post_init__(self) -> None:
         if self.sample_every < 1:

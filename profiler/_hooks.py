@@ -178,7 +178,7 @@ class LayerTimer:
             except TwinUnavailable as exc:
                 self.twin_reason = str(exc)
         else:
-            self.twin_reason = "off"
+            self.twin_reason = "off (hook_twin=False)"
         self._foreign_given = foreign_ns
         #: the module the sampled call must run: the twin, or the original
         self.target: nn.Module = self.twin.root if self.twin is not None else model

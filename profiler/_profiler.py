@@ -254,7 +254,8 @@ class Profiler:
         # a new module, or one that reuses the id of a module collected without ``forget``
         self._timers[id(module)] = (
             KernelTimer(module, kernels) if kernels
-            else LayerTimer(module, self._counter_source(), self._gpu_for(module)))
+            else LayerTimer(module, self._counter_source(), self._gpu_for(module),
+                            twin=self.config.hook_twin))
 
     def calibrate(self, module: nn.Module, twin: Callable[[], Any],
                   variant: Callable[[], Any]) -> int | None:
@@ -729,4 +730,13 @@ class Profiler:
                 t.gpu is not None for t in list(self._timers.values())) else "no CUDA module watched"),
             "cupti": self.cupti_reason or ("on" if self._tracer is not None else "not in use"),
             "host_samples": self._host.samples if self._host is not None else 0,
+            "hooks": self._hooks_status(),
         }
+
+    def _hooks_status(self) -> str:
+        """How sampled calls are timed: through hook twins, or why not."""
+        why = {t.twin_reason for t in list(self._timers.values())
+               if isinstance(t, LayerTimer) and t.twin is None}
+        if not why:
+            return "hook twin (no other call runs a hook)"
+        return "process-wide while a call is sampled: " + "; ".join(sorted(map(str, why)))

@@ -150,3 +150,21 @@ def test_other_threads_run_the_model_unhooked_while_a_call_is_sampled() -> None:
         t.join()
     timer.detach()
     assert set(hooked) == {threading.get_ident()} and len(hooked) == 3  # root and 2 layers
+
+
+def test_the_profiler_says_how_sampled_calls_are_timed() -> None:
+    from profiler import Profiler, ProfilerConfig
+
+    model = nn.Sequential(nn.Linear(4, 4))
+    twinned = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    twinned.watch(model)
+    token = twinned.begin(model)
+    assert token is not None and token.module is not model
+    assert twinned.status()["hooks"].startswith("hook twin")
+    plain = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None,
+                                    hook_twin=False))
+    plain.watch(model)
+    token = plain.begin(model)
+    assert token is not None and token.module is model
+    assert plain.status()["hooks"] == ("process-wide while a call is sampled: "
+                                       "off (hook_twin=False)")
