@@ -168,3 +168,21 @@ def test_the_profiler_says_how_sampled_calls_are_timed() -> None:
     assert token is not None and token.module is model
     assert plain.status()["hooks"] == ("process-wide while a call is sampled: "
                                        "off (hook_twin=False)")
+
+
+def test_a_real_transformer_sampled_through_its_twin() -> None:
+    # all-MiniLM-L6-v2 with its real weights (Hugging Face modules, a tokenizer's inputs)
+    from pgc_daemon.examples import minilm
+
+    model = minilm.load_model().eval()
+    timer = LayerTimer(model)
+    assert timer.twin is not None, timer.twin_reason
+    args = minilm.encode(["The twin runs the same weights as the model it copies."])
+    with torch.inference_mode():
+        expected = model(*args)
+        got = _sampled(timer, *args)
+    assert torch.equal(got, expected)
+    names = _names(timer)
+    for i in range(6):
+        assert f"encoder.encoder.layer.{i}.intermediate.dense" in names
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
