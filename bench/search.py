@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import statistics
 import sys
 import time
@@ -55,6 +54,7 @@ from bench._search_replay import (  # noqa: E402
     judge,
     summarize,
     trials,
+    worst_ratio,
 )
 from compiler import Recipe, probe  # noqa: E402
 from compiler.fingerprint import fingerprint  # noqa: E402
@@ -378,14 +378,6 @@ def run_scenario(sc: Scenario, prep: Prepared, seeds: int, cap: int,
         "table_measure_s": prep.data["measure_s"],
         "table_recipes": len(prep.table.entries), "lazy_table": prep.spec.lazy,
     }
-
-
-def worst_ratio(results: list[dict[str, Any]]) -> float | None:
-    """The largest pgc/random-with-baselines trial ratio of ``results``; None where there are
-    none or one is undefined (random with baselines never reached the target)."""
-    ratios = [r["ratio_vs_random_baselines"] for r in results]
-    finite = [r for r in ratios if r is not None and math.isfinite(r)]
-    return max(finite) if finite and len(finite) == len(ratios) else None
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ import pytest
 
 from bench._search_replay import (
     STRATEGIES,
+    Run,
     Scenario,
     Table,
     curves,
@@ -19,6 +20,7 @@ from bench._search_replay import (
     replay,
     summarize,
     trials,
+    worst_ratio,
 )
 from pgc_daemon.optimizer.search.space import Space
 
@@ -213,3 +215,23 @@ def test_most_accurate_baselines_climb_from_the_accurate_end_and_reach_the_answe
     for seed in range(3):
         run = replay(pgc, table, policy, spaces, ladder, seed, 12, 0.0, best)
         assert run.trials == 2  # fp32 compiled is too slow; the next rung is the answer
+
+
+def test_a_scenario_random_never_reaches_bounds_the_worst_ratio_from_above() -> None:
+    def scenario(pgc: int | None, random_b: int | None, cap: int = 36) -> dict[str, Any]:
+        run = {"pgc": [Run(trials=pgc, wall_s=1.0, curve=[1.0], seconds=[1.0])],
+               "random_baselines": [Run(trials=random_b, wall_s=1.0, curve=[1.0],
+                                        seconds=[1.0])]}
+        policy = Scenario("s", "t", 0.01).policy(10.0, 27)
+        return summarize("s", run, policy, 1.0, budget=12, cap=cap)
+
+    reached_both, random_never, pgc_never = scenario(8, 7), scenario(22, None), \
+        scenario(None, 7)
+    assert reached_both["ratio_vs_random_baselines"] == pytest.approx(8 / 7)
+    assert random_never["ratio_vs_random_baselines"] is None
+    assert random_never["ratio_vs_random_baselines_at_most"] == pytest.approx(22 / 36)
+    assert pgc_never["ratio_vs_random_baselines"] == math.inf
+    assert worst_ratio([reached_both, random_never]) == pytest.approx(8 / 7)
+    assert worst_ratio([scenario(3, 30), random_never]) == pytest.approx(22 / 36)
+    assert worst_ratio([reached_both, pgc_never]) == math.inf  # random got there, pgc never
+    assert worst_ratio([scenario(None, None)]) is None
