@@ -278,9 +278,21 @@ class LayerTimer:
             _module.register_module_forward_hook(self._post, always_call=True),
         ]
 
+    def close(self) -> None:
+        """Let go of the twin (the profiler no longer times this model). Its modules carry
+        this timer's hooks, a reference cycle that a ``gc.freeze`` in the serving process
+        would keep, with the model's weights, until the next unfreeze; this breaks it."""
+        twin, self.twin = self.twin, None
+        if twin is not None:
+            twin.close()
+            self.twin_reason = "closed"
+
     def _untwin(self, reason: str) -> None:
         """From now on, time this model through process-wide hooks on the original."""
+        twin = self.twin
         self.twin, self.twin_reason = None, reason
+        if twin is not None:
+            twin.close()
         self._index = self._global_index
         self.target = self.modules[0]
         self._dispatch = dispatch_cost_ns()
@@ -294,8 +306,9 @@ class LayerTimer:
             h.remove()
         self._handles = []
         self._thread = None
-        if self.twin is not None:
-            self.twin.write_back()
+        twin = self.twin
+        if twin is not None:
+            twin.write_back()
         if self.gpu is not None:
             self.gpu.end_call()
 

@@ -252,6 +252,7 @@ class Profiler:
         if timer is not None and timer.modules and timer.modules[0] is module:
             return
         # a new module, or one that reuses the id of a module collected without ``forget``
+        self._drop(timer)
         self._timers[id(module)] = (
             KernelTimer(module, kernels) if kernels
             else LayerTimer(module, self._counter_source(), self._gpu_for(module),
@@ -271,7 +272,7 @@ class Profiler:
             return timer.calibrate(twin, variant)
 
     def forget(self, module: nn.Module) -> None:
-        self._timers.pop(id(module), None)
+        self._drop(self._timers.pop(id(module), None))
 
     def retain(self, modules: Iterable[nn.Module]) -> None:
         """Forget every watched module but ``modules`` (what serves now): a module that stopped
@@ -279,7 +280,13 @@ class Profiler:
         keep = {id(m) for m in modules}
         for key in list(self._timers):
             if key not in keep:
-                self._timers.pop(key, None)
+                self._drop(self._timers.pop(key, None))
+
+    @staticmethod
+    def _drop(timer: Any) -> None:
+        close = getattr(timer, "close", None)  # a LayerTimer's twin (see LayerTimer.close)
+        if close is not None:
+            close()
 
     @property
     def watched(self) -> int:

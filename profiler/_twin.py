@@ -116,6 +116,14 @@ class HookTwin:
             pair.snap = dict(td)
         return True
 
+    def close(self) -> None:
+        """Take the hooks off every twin module and let go of the originals."""
+        for pair in self._pairs.values():
+            pair.twin.__dict__.update(_forward_pre_hooks={}, _forward_hooks={})
+            pair.own.clear()
+            pair.snap = {}
+        self._pairs = {}
+
     def write_back(self) -> None:
         """Copy to each original what the sampled call assigned on its twin (and only that:
         an attribute another thread changed on the original meanwhile is kept)."""

@@ -85,8 +85,7 @@ class ServedModel(Lifecycle):
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None
-        # a sampled call runs the profiler's hook twin, or the profiling build (see twins)
-        module = slot.module if token is None else slot.twin or token.module
+        module = slot.module if token is None else slot.twin or token.module  # see twins
         fallback, t0 = False, _perf_ns()
         try:
             with torch.inference_mode():

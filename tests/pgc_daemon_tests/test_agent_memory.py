@@ -47,6 +47,9 @@ def test_replaced_variants_are_collected(mlp_spec: dict, settings: Settings) -> 
         # The agent's follower may put back what the store says serves (the base: these
         # variants are not in the store) at any moment (seen in CI); then nothing of them
         # may stay alive. Which one serves is read around the check, as an id (no reference).
+        # A sampled call holds its model's layer timer until the profiler's background turn
+        # has made rows of it (within ``control_s``): let it, as it would within a second.
+        served.profiler.flush()
         before = served.slot.variant_id
         gc.collect()
         alive = [i for i, r in enumerate(refs) if r() is not None]

@@ -186,3 +186,32 @@ def test_a_real_transformer_sampled_through_its_twin() -> None:
     for i in range(6):
         assert f"encoder.encoder.layer.{i}.intermediate.dense" in names
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_forgotten_model_is_freed_even_with_the_heap_frozen() -> None:
+    # The twin's hooks refer to the timer, which refers to the twin: a cycle. The agent
+    # freezes the heap after each deployment (gc.freeze), where no collection would break
+    # it, so the profiler breaks it when it lets go of a model.
+    import gc
+    import weakref
+
+    from profiler import Profiler, ProfilerConfig
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    ref = weakref.ref(model)
+    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    prof.watch(model)
+    token = prof.begin(model)
+    assert token is not None
+    token.module(torch.ones(1, 4))
+    prof.end(token, 1, (torch.ones(1, 4),), {}, 1000)
+    prof.close_window()  # rows made: nothing pending holds the timer
+    del token
+    gc.collect()
+    gc.freeze()
+    try:
+        prof.forget(model)
+        del model
+        assert ref() is None
+    finally:
+        gc.unfreeze()
