@@ -219,11 +219,13 @@ class _Group:
             return tuple(v * scale for v in raw[3:])
         return raw[3:]
 
-    def close(self) -> None:
+    def close(self, _close: Callable[[int], None] = os.close) -> None:
+        """Close the group's descriptors (``_close`` bound early: ``__del__`` may run at
+        interpreter exit, after the ``os`` module's globals are gone)."""
         fds, self.fds = self.fds, []
         for fd in fds:
             try:
-                os.close(fd)
+                _close(fd)
             except OSError:
                 pass
 
