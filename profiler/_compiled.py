@@ -100,6 +100,9 @@ class KernelTimer:
         self._fixed_ns, self._event_ns = event_cost_ns()
         self._twin_ns = 0  # what the twin costs over the variant (``calibrate``)
 
+    def close(self) -> None:
+        """Nothing to let go of (a ``LayerTimer`` lets go of its hook twin)."""
+
     def attach(self, counters: bool = False) -> None:  # noqa: ARG002 - no counters per kernel
         from torch.autograd.profiler import profile  # noqa: PLC0415
 

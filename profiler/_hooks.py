@@ -289,10 +289,8 @@ class LayerTimer:
 
     def _untwin(self, reason: str) -> None:
         """From now on, time this model through process-wide hooks on the original."""
-        twin = self.twin
-        self.twin, self.twin_reason = None, reason
-        if twin is not None:
-            twin.close()
+        self.close()
+        self.twin_reason = reason
         self._index = self._global_index
         self.target = self.modules[0]
         self._dispatch = dispatch_cost_ns()

@@ -283,10 +283,9 @@ class Profiler:
                 self._drop(self._timers.pop(key, None))
 
     @staticmethod
-    def _drop(timer: Any) -> None:
-        close = getattr(timer, "close", None)  # a LayerTimer's twin (see LayerTimer.close)
-        if close is not None:
-            close()
+    def _drop(timer: LayerTimer | KernelTimer | None) -> None:
+        if timer is not None:
+            timer.close()  # a LayerTimer's twin holds a reference cycle (LayerTimer.close)
 
     @property
     def watched(self) -> int:

@@ -25,7 +25,7 @@ arguments to be created) raises :class:`TwinUnavailable` at construction.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,10 +96,6 @@ class HookTwin:
     def twin_of(self, mod: nn.Module) -> nn.Module | None:
         pair = self._pairs.get(id(mod))
         return pair.twin if pair is not None else None
-
-    def pairs(self) -> Iterator[tuple[nn.Module, nn.Module]]:
-        for pair in self._pairs.values():
-            yield pair.orig, pair.twin
 
     def refresh(self) -> bool:
         """Bring every twin up to date with its original before a sampled call; False if

@@ -30,8 +30,9 @@ def test_the_twin_shares_every_tensor_and_copies_only_module_objects() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU())
     model.eval()
     twin = HookTwin(model, lambda m, a: None, lambda m, a, o: None)
-    pairs = dict((id(o), t) for o, t in twin.pairs())
-    assert len(pairs) == 4 and all(t is not o for o, t in twin.pairs())
+    twins = [twin.twin_of(m) for m in model.modules()]
+    assert len(twins) == 4 and all(t is not None and t is not m
+                                   for t, m in zip(twins, model.modules()))
     assert twin.root[0].weight is model[0].weight
     assert twin.root[1].running_mean is model[1].running_mean
     assert twin.root[0]._parameters is model[0]._parameters  # one dict: a swap reaches both
