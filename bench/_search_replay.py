@@ -29,7 +29,7 @@ from typing import Any
 
 import optuna
 
-from compiler import Recipe
+from compiler import Recipe, SensitivityReport
 from pgc_daemon.optimizer.search.evaluate import QuickStep, quick_verdict
 from pgc_daemon.optimizer.search.space import Space
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
@@ -210,7 +210,8 @@ class Run:
 
 def trials(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str, Space],
            baselines: Sequence[dict[str, Any]], seed: int, cap: int,
-           metric: str = "accuracy") -> list[TrialRecord]:
+           metric: str = "accuracy",
+           sensitivity: SensitivityReport | None = None) -> list[TrialRecord]:
     """The trials ``strategy`` makes in ``cap`` over ``table`` (``spaces``: ``pruned`` and
     ``full``), in order."""
     records: list[TrialRecord] = []
@@ -224,6 +225,8 @@ def trials(strategy: Strategy, table: Table, policy: Policy, spaces: Mapping[str
         evaluate=replay_evaluate(table, policy, prune=strategy.prune),
         rank_backends=strategy.prune, neighbor_moves=strategy.neighbors,
     )
+    if strategy.pruned_space:  # what pruned it orders the neighbor moves, as in settle()
+        search.sensitivity = sensitivity
     if strategy.baselines:
         search.enqueue(baselines)
     search.run(cap)

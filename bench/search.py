@@ -356,7 +356,8 @@ def run_scenario(sc: Scenario, prep: Prepared, seeds: int, cap: int,
     policy = sc.policy(prep.table.baseline_ms, cap)
     spaces = {"pruned": pruned, "full": prep.full}
     baselines = baselines_for(pruned, policy, prep.report)
-    visited = {st: [trials(st, prep.table, policy, spaces, baselines, seed, cap)
+    visited = {st: [trials(st, prep.table, policy, spaces, baselines, seed, cap,
+                           sensitivity=prep.report)
                     for seed in range(seeds)] for st in STRATEGIES}
     if prep.spec.lazy:  # its best is known now
         retime_top(prep.table.entries, prep.measurer, progress)

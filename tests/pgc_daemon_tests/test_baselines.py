@@ -12,7 +12,12 @@ import pytest
 from optuna.trial import TrialState
 
 from compiler import Hardware, LayerSensitivity, SensitivityReport
-from pgc_daemon.optimizer.search.baselines import LADDER_RUNGS, baselines_for, ranked_out
+from pgc_daemon.optimizer.search.baselines import (
+    LADDER_RUNGS,
+    baselines_for,
+    ranked_out,
+    slowdown,
+)
 from pgc_daemon.optimizer.search.prepare import first_trials
 from pgc_daemon.optimizer.search.results import TrialRecord
 from pgc_daemon.optimizer.search.space import Space, build_space
@@ -116,7 +121,7 @@ def test_a_backend_far_behind_the_fastest_is_ranked_out(mlp_spec) -> None:
                        feasible=False)]
     # eager is fp32 eager's own backend (ratio 1, before any trial); ONNX Runtime's best is
     # within 25% of the fastest; OpenVINO's only point broke the budget: not judged yet
-    assert ranked_out(records, space.backends) == {"eager": pytest.approx(2.0)}
+    assert ranked_out(records, space.backends) == {("backend", "eager"): pytest.approx(2.0)}
     near = [_record(space, space.params("int8-dynamic-pc", "onnxruntime"), 4, 0.85)]
     assert ranked_out(near, space.backends) == {}  # 1/0.85 < 1.25: eager stays
     assert ranked_out([], space.backends) == {}
@@ -145,7 +150,29 @@ def test_the_sampler_is_not_given_trials_on_a_ranked_out_backend(mlp_spec) -> No
     assert [r for r in evaluated if "eager" in r.label] == []
     told = [t for t in search.study.trials if t.state == TrialState.PRUNED]
     assert told and all(t.params["backend"] == "eager" for t in told)
-    assert ranked_out(evaluated, space.backends) == {"eager": pytest.approx(2.0)}
+    assert ranked_out(evaluated, space.backends) == {("backend", "eager"): pytest.approx(2.0)}
+
+
+def test_a_default_far_behind_on_the_fastest_backend_is_ranked_out(mlp_spec) -> None:
+    """The default covers every layer but the hot ones: fp32 there stays slow whatever the
+    hot layers do. It is judged on the fastest backend only: a default seen on a slower
+    backend alone may be slow because of the backend."""
+    space = build_space(mlp_spec["model"], PROFILE, HW, max_hot=1,
+                        backends=("inductor", "onnxruntime"))
+    hot = space.hot_layers[0]
+    fast = _record(space, space.params("int8-static-pc", "inductor"), 0, 0.3)
+    fp32_default = _record(space, space.params("fp32", "inductor", **{hot: "int8-static-pc"}),
+                           1, 0.6)
+    dynamic_on_ort = _record(space, space.params("int8-dynamic-pc", "onnxruntime"), 2, 0.5)
+    out = ranked_out([fast, fp32_default, dynamic_on_ort], space.backends)
+    assert out == {("default", "fp32"): pytest.approx(2.0),
+                   ("backend", "onnxruntime"): pytest.approx(0.5 / 0.3)}
+    # int8-dynamic-pc was seen on ONNX Runtime only: not judged as a default yet
+    assert ("default", "int8-dynamic-pc") not in out
+    sampled = space.params("fp32", "inductor", **{hot: "int8-dynamic-pc"})
+    assert slowdown(out, sampled, space.recipe(sampled)) == pytest.approx(2.0)
+    other = space.params("int8-dynamic-pc", "inductor")
+    assert slowdown(out, other, space.recipe(other)) is None
 
 
 @pytest.mark.parametrize("bf16", [True, False])

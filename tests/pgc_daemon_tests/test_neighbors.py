@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from compiler import LayerSensitivity, SensitivityReport
+from pgc_daemon.optimizer.search.baselines import drop_change
 from pgc_daemon.optimizer.search.neighbors import incumbent, neighbors, next_neighbor
 from pgc_daemon.optimizer.search.results import TrialRecord
 from pgc_daemon.optimizer.search.space import Space
@@ -64,7 +66,33 @@ def test_the_next_neighbor_skips_recipes_tried_and_backends_ranked_out() -> None
     rest = [p for p in neighbors(SPACE, BEST_BASELINE) if p["backend"] == "inductor"]
     done = [best] + [_record(p, i + 1, 0.7) for i, p in enumerate(rest)]
     assert next_neighbor(SPACE, done, FASTEST)["backend"] == "eager"
-    assert next_neighbor(SPACE, done, FASTEST, skip_backends={"eager"}) is None
+    assert next_neighbor(SPACE, done, FASTEST, {("backend", "eager"): 2.0}) is None
+
+
+def test_moves_sensitivity_predicts_to_break_the_budget_come_last() -> None:
+    """The incumbent's measured drop plus what sensitivity says a move adds: a move over the
+    budget waits until every other neighbor was tried (it is not dropped: sensitivity sums
+    layers measured alone, and can be wrong)."""
+    report = SensitivityReport(metric="cosine", inputs=8)
+    for layer, choice, drop in (("a", "int8-static-pc", 0.004), ("a", "int8-dynamic-pc", 0.001),
+                                ("b", "int8-static-pc", 0.0005), ("c", "fp32", 0.0)):
+        report.rows.append(LayerSensitivity(layer, choice, 1 - drop, None, None, None, None))
+    start = SPACE.params("int8-dynamic-pc", "inductor", a="int8-dynamic-pc")
+    best = _record(start, 0, 0.5, drop=0.0075)  # 0.0025 of room left
+    assert drop_change(report, SPACE, start, {**start, "layer:a": "int8-static-pc"}) == \
+        pytest.approx(0.003)
+    # the default covers c alone (every measured layer but the hot ones): no change predicted
+    assert drop_change(report, SPACE, start, {**start, "default": "int8-static-pc"}) == 0.0
+    plain = list(neighbors(SPACE, start))
+    order = []
+    records = [best]
+    while (move := next_neighbor(SPACE, records, FASTEST, sensitivity=report)) is not None:
+        order.append(move)
+        records.append(_record(move, len(records), 0.9))
+    assert sorted(map(str, order)) == sorted(map(str, plain))  # every neighbor, once
+    over = {**start, "layer:a": "int8-static-pc"}  # 0.0075 + 0.003 > 0.01: the only one
+    assert order[-1] == over
+    assert order[:-1] == [p for p in plain if p != over]
 
 
 def _flat(params: dict[str, Any]) -> float:
@@ -88,6 +116,9 @@ def _search(seed: int, moves: bool) -> list[TrialRecord]:
                     evaluator=SimpleNamespace(metric="cosine"),  # type: ignore[arg-type]
                     calibration=[], storage=None, name=f"neighbors-{seed}", seed=seed,
                     evaluate=evaluate, neighbor_moves=moves,
+                    # the moves alone: ranking out (test_baselines) would take the fp32
+                    # default and eager, two thirds of this small space, from both arms
+                    rank_backends=False,
                     on_trial=lambda rec, done, budget: evaluated.append(rec))
     search.enqueue([SPACE.params("fp32", "inductor"), BEST_BASELINE])
     search.run(12)

@@ -344,6 +344,7 @@ def test_baselines_before_sensitivity_keep_the_study_consistent_and_resumable(
     report = _sensitivity()
     settle(first, shape_space(model, PROFILE, policy, sensitivity=report), policy=policy, sensitivity=report)
     space = first.space
+    assert first.sensitivity is report  # what orders the neighbor moves from now on
     assert "int8-dynamic-pc" not in space.default_choices and "int8-static-pc" not in space.choices_of("net.1")
     adopted = [t for t in first.study.trials if ADOPTS in t.user_attrs]
     # int8 static cannot be said any more (net.1 would follow the default into int8 static),
@@ -363,6 +364,7 @@ def test_baselines_before_sensitivity_keep_the_study_consistent_and_resumable(
 
     # resumed with the same sensitivity: nothing adopted twice, the budget counts every trial
     again = search(report)
+    assert again.sensitivity is report
     assert len([t for t in again.study.trials if ADOPTS in t.user_attrs]) == 1
     assert len(again.finished()) == 6
     assert len(again.run(7).records) == 7

@@ -16,23 +16,26 @@ with no baselines at all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from compiler import Recipe, SensitivityReport
 from pgc_daemon.optimizer.search.results import TrialRecord
-from pgc_daemon.optimizer.search.space import SAFE, Space
+from pgc_daemon.optimizer.search.space import LAYER_PREFIX, SAFE, Space
 from pgc_daemon.policy import Policy
 
-__all__ = ["baselines_for", "most_sensitive", "ranked_out"]
+__all__ = ["Choice", "baselines_for", "drop_change", "most_sensitive", "ranked_out", "slowdown"]
+
+#: a parameter and its value as :func:`ranked_out` names them: ``("backend", "eager")``
+Choice = tuple[str, str]
 
 #: Layer choices from the least to the most lossy where sensitivity did not measure them
 #: (and to break ties): what precision and scheme usually cost, on MiniLM and the digits
 #: models (dynamic per-channel int8 cosine 0.9999 against 0.9997 static, 0.993 per-tensor).
 GENTLE_ORDER = ("bf16", "fp16", "int8-weight_only-pc", "int8-dynamic-pc", "int8-static-pc",
                 "int8-dynamic-pt")
-#: A backend whose fastest feasible trial is this much slower than the fastest of any is no
-#: longer sampled for ``fastest`` (:func:`ranked_out`)
+#: A backend or default choice whose fastest feasible trial is this much slower than the
+#: fastest of any is no longer sampled for ``fastest`` (:func:`ranked_out`)
 RANK_OUT = 1.25
 #: How many rungs the ladder has at most, the fastest end included: the rest of a default
 #: budget (12 trials) is the sampler's.
@@ -95,6 +98,27 @@ def ladder(space: Space, report: SensitivityReport | None) -> list[dict[str, Any
     return _unique(out + [space.params(fastest, backend)])
 
 
+def drop_change(report: SensitivityReport | None, space: Space, params: Mapping[str, Any],
+                moved: Mapping[str, Any]) -> float:
+    """The change in accuracy drop sensitivity predicts for ``moved`` against ``params``: for
+    each parameter that differs, the summed drop of the layers it covers (the default: every
+    measured layer but the hot ones) in the new choice less that in the old (0 where nothing
+    was measured)."""
+    change = 0.0
+    for name, new in moved.items():
+        old = params.get(name)
+        if new == old or not isinstance(new, str) or not isinstance(old, str):
+            continue
+        if name == "default":
+            layers = _covered(report, space)
+        elif name.startswith(LAYER_PREFIX):
+            layers = [name[len(LAYER_PREFIX):]]
+        else:
+            continue
+        change += _drop(report, layers, new) - _drop(report, layers, old)
+    return change
+
+
 def _covered(report: SensitivityReport | None, space: Space) -> list[str]:
     """The measured layers the default covers (every measured layer but the hot ones)."""
     if report is None:
@@ -125,19 +149,47 @@ def _unique(params: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for i, p in enumerate(params) if p not in params[:i]]
 
 
-def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[str, float]:
-    """The backends the trials so far rule out for ``fastest``, each with how much slower
-    its fastest feasible trial is than the fastest of any (over :data:`RANK_OUT`). fp32 eager
-    is the reference, so eager's point is known before any trial (ratio 1); a backend with
-    no feasible trial yet stays. Seen on the digits LSTM: once the baselines had put ONNX
-    Runtime and Inductor at 1.6x, TPE still sampled eager int8 (0.4-0.6x) in a third of its
-    trials."""
-    best = {"eager": 1.0} if "eager" in backends else {}
-    for r in records:
-        if r.state == "complete" and r.feasible and r.ratio:
-            backend = Recipe.from_dict(r.recipe).backend.label()
-            best[backend] = min(best.get(backend, r.ratio), r.ratio)
-    fastest = min(best.values(), default=None)
-    if fastest is None:
+def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[Choice, float]:
+    """The choices the trials so far rule out for ``fastest``, each with how much slower its
+    fastest feasible trial is than the fastest of any (over :data:`RANK_OUT`): a backend
+    (``("backend", label)``) or the default choice, which covers every layer but the hot ones
+    (``("default", choice)``). fp32 eager is the reference, so eager's point is known before
+    any trial (ratio 1); a choice with no feasible trial yet stays.
+
+    Seen on the digits LSTM: once the baselines had put ONNX Runtime and Inductor at 1.6x,
+    TPE still sampled eager int8 (0.4-0.6x) in a third of its trials. On MiniLM with six hot
+    layers and a strict budget, half of TPE's samples and the incumbent's first neighbor kept
+    the default in fp32 (1.5-1.8x) once int8 defaults stood at 2.5-3.4x."""
+    feasible = [(r, Recipe.from_dict(r.recipe).backend.label()) for r in records
+                if r.state == "complete" and r.feasible and r.ratio]
+    best: dict[Choice, float] = {("backend", "eager"): 1.0} if "eager" in backends else {}
+    for r, backend in feasible:
+        best[("backend", backend)] = min(best.get(("backend", backend), r.ratio), r.ratio)
+    if not best:
         return {}
-    return {b: ratio / fastest for b, ratio in best.items() if ratio > RANK_OUT * fastest}
+    fastest = min(best.values())
+    # a default is judged on the fastest backend only (seen only on a slower backend, the
+    # backend may be what is slow): judged on any, TPE without baselines on MiniLM at a drop
+    # of 0.005 no longer reached the best within 36 trials (bench/search.py; 11 this way)
+    on = min(best, key=best.__getitem__)[1]
+    for r, backend in feasible:
+        default = r.params.get("default")
+        if backend == on and default is not None:
+            key = ("default", str(default))
+            best[key] = min(best.get(key, r.ratio), r.ratio)
+    return {c: ratio / fastest for c, ratio in best.items() if ratio > RANK_OUT * fastest}
+
+
+def slowdown(out: Mapping[Choice, float], params: Mapping[str, Any],
+             recipe: Recipe) -> float | None:
+    """How much slower than the fastest a ranked-out choice of this trial makes it (the
+    worst of them), or None when no choice of it is ranked out."""
+    hits = [out[c] for c in _choices_of(params, recipe) if c in out]
+    return max(hits) if hits else None
+
+
+def _choices_of(params: Mapping[str, Any], recipe: Recipe) -> list[Choice]:
+    out: list[Choice] = [("backend", recipe.backend.label())]
+    if params.get("default") is not None:
+        out.append(("default", str(params["default"])))
+    return out

@@ -4,8 +4,9 @@ A search of 12 trials over categorical choices gives TPE a handful of observatio
 flat landscape it draws more or less at random. Recipes one choice apart from the best so far
 are usually close to it in speed and accuracy, so the search alternates: a *neighbor* of the
 incumbent (one parameter changed: the default choice first, since it covers most layers, then
-the hot layers, the backend, the graph and the shapes, each in the space's order), then a
-TPE sample, and so on. Replayed over the measured tables (``bench/search.py``, 21 seeds):
+the hot layers, the backend, the graph and the shapes, each in the space's order; a move
+per-layer sensitivity predicts to break the accuracy budget after all others), then a TPE
+sample, and so on. Replayed over the measured tables (``bench/search.py``, 21 seeds):
 the digits CNN at batch 1, whose best is one ONNX Runtime recipe 15% ahead of 31 others
 within 1.8-2.4x, reached within 5% of it in 12 trials on 18 seeds against 4 for TPE alone; the
 digits LSTM on 21 against 20; where a baseline is the answer (every MiniLM scenario) nothing
@@ -14,10 +15,11 @@ changes.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from compiler import Recipe, RecipeError
+from compiler import Recipe, RecipeError, SensitivityReport
+from pgc_daemon.optimizer.search.baselines import Choice, drop_change, slowdown
 from pgc_daemon.optimizer.search.results import TrialRecord
 from pgc_daemon.optimizer.search.space import Space
 from pgc_daemon.policy import Policy
@@ -46,10 +48,13 @@ def neighbors(space: Space, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def next_neighbor(space: Space, records: Sequence[TrialRecord], policy: Policy,
-                  skip_backends: Container[str] = ()) -> dict[str, Any] | None:
-    """The first neighbor of the incumbent whose recipe no trial has evaluated yet, on a
-    backend not in ``skip_backends`` (labels the trials rank out); None where there is no
-    incumbent, the incumbent cannot be said in ``space``, or every neighbor was tried."""
+                  skip: Mapping[Choice, float] | None = None,
+                  sensitivity: SensitivityReport | None = None) -> dict[str, Any] | None:
+    """The first neighbor of the incumbent whose recipe no trial has evaluated yet and has no
+    choice in ``skip`` (those the trials rank out, :func:`~.baselines.ranked_out`); None where
+    there is no incumbent, the incumbent cannot be said in ``space``, or every neighbor was
+    tried. With ``sensitivity``, the neighbors it predicts to break the accuracy budget (the
+    incumbent's measured drop plus :func:`~.baselines.drop_change`) come after the rest."""
     best = incumbent(records, policy)
     if best is None:
         return None
@@ -60,8 +65,14 @@ def next_neighbor(space: Space, records: Sequence[TrialRecord], policy: Policy,
     if params is None:
         return None
     seen = {r.recipe_hash for r in records}
+    room = policy.max_accuracy_drop - max(best.drop or 0.0, 0.0)
+    later: list[dict[str, Any]] = []
     for candidate in neighbors(space, params):
         recipe = space.recipe(candidate)
-        if recipe.hash not in seen and recipe.backend.label() not in skip_backends:
-            return candidate
-    return None
+        if recipe.hash in seen or slowdown(skip or {}, candidate, recipe) is not None:
+            continue
+        if sensitivity is not None and drop_change(sensitivity, space, params, candidate) > room:
+            later.append(candidate)
+            continue
+        return candidate
+    return later[0] if later else None

@@ -201,6 +201,7 @@ def settle(
     :meth:`Search.set_space`) and enqueue the warm-start recipes and the baselines it can say
     (a recipe the study already evaluated is not evaluated again)."""
     search.set_space(space)
+    search.sensitivity = sensitivity
     space = search.space
     queued = [p for p in (space.params_for(r) for r in warm_start) if p is not None]
     search.enqueue(queued + baselines_for(space, policy, sensitivity))

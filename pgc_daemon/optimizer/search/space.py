@@ -41,6 +41,8 @@ QUANTIZABLE = (nn.Linear,)
 BASE_CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt",
                 "int8-weight_only-pc")
 SAFE = "fp32"
+#: a hot layer's own parameter is this and its name
+LAYER_PREFIX = "layer:"
 #: the int8 each peer backend is tried in first: ONNX Runtime's dynamic quantization, and
 #: OpenVINO in its default precision with NNCF's static int8 (measured fastest of each here)
 PEER_BASELINES = {"onnxruntime": "int8-dynamic-pc", "openvino": "int8-static-pc"}
@@ -83,7 +85,8 @@ class Space:
     def suggest(self, trial: Any) -> Recipe:
         params = {"default": trial.suggest_categorical("default", self.default_choices)}
         for name in self.hot_layers:
-            params[f"layer:{name}"] = trial.suggest_categorical(f"layer:{name}", self.choices_of(name))
+            key = f"{LAYER_PREFIX}{name}"
+            params[key] = trial.suggest_categorical(key, self.choices_of(name))
         params["backend"] = trial.suggest_categorical("backend", self.backends)
         if self.graph_choices:
             params["graph"] = trial.suggest_categorical("graph", self.graph_choices)
@@ -94,7 +97,7 @@ class Space:
     def recipe(self, params: dict[str, Any]) -> Recipe:
         rules: dict[str, LayerQuant] = {DEFAULT_KEY: LayerQuant.parse(params["default"])}
         for name in self.hot_layers:
-            choice = params.get(f"layer:{name}", params["default"])
+            choice = params.get(f"{LAYER_PREFIX}{name}", params["default"])
             if choice != params["default"]:
                 rules[name] = LayerQuant.parse(choice)
         quant = (
@@ -118,7 +121,7 @@ class Space:
         out: dict[str, Any] = {"default": default, "backend": backend}
         for name in self.hot_layers:
             want = layers.get(name, default)
-            out[f"layer:{name}"] = want if want in self.choices_of(name) else SAFE
+            out[f"{LAYER_PREFIX}{name}"] = want if want in self.choices_of(name) else SAFE
         if self.graph_choices:
             out["graph"] = self.graph_choices[0]
         if self.bucket_sizes:  # exact lengths beat padding to a bucket (MiniLM int8 at
@@ -176,7 +179,7 @@ class Space:
 
     def _pools(self) -> list[tuple[str, Sequence[str]]]:
         pools: list[tuple[str, Sequence[str]]] = [("default", self.default_choices)]
-        pools += [(f"layer:{n}", self.choices_of(n)) for n in self.hot_layers]
+        pools += [(f"{LAYER_PREFIX}{n}", self.choices_of(n)) for n in self.hot_layers]
         pools.append(("backend", self.backends))
         if self.graph_choices:
             pools.append(("graph", self.graph_choices))
@@ -201,7 +204,7 @@ class Space:
 
         per_layer = dict(self.per_layer)
         for layer in self.hot_layers:
-            choices = kept(f"layer:{layer}", self.choices_of(layer))
+            choices = kept(f"{LAYER_PREFIX}{layer}", self.choices_of(layer))
             if choices != self.layer_choices:
                 per_layer[layer] = choices
             else:

@@ -22,9 +22,9 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 from torch import nn
 
-from compiler import CompileCache, Example, Recipe, RecipeError
+from compiler import CompileCache, Example, Recipe, RecipeError, SensitivityReport
 from pgc_daemon.optimizer.schedule import shape_signature, study_name
-from pgc_daemon.optimizer.search.baselines import ranked_out
+from pgc_daemon.optimizer.search.baselines import ranked_out, slowdown
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.neighbors import next_neighbor
 from pgc_daemon.optimizer.search.results import (
@@ -162,6 +162,7 @@ class Search:
         self.serving_threads = serving_threads
         self.rank_backends = rank_backends and policy.objective == "fastest"
         self.neighbor_moves = neighbor_moves
+        self.sensitivity: SensitivityReport | None = None  # orders the moves (see settle)
 
     # ------------------------------------------------------------------ running
 
@@ -197,7 +198,7 @@ class Search:
             out = ranked_out(records, self.space.backends) if self.rank_backends else {}
             # every other trial the sampler would make: one next to the best so far
             move = None if queued or not move_next else next_neighbor(
-                self.space, records, self.policy, out)
+                self.space, records, self.policy, out, self.sensitivity)
             if move is not None:
                 self.study.enqueue_trial(move)
                 queued = True
@@ -208,9 +209,9 @@ class Search:
                 rec = TrialRecord(**{**prior.to_dict(), "number": trial.number, "duplicate": True})
                 self._tell(trial, rec)
                 continue
-            slower = None if queued else out.get(recipe.backend.label())
+            slower = None if queued else slowdown(out, trial.params, recipe)
             if slower is not None:  # told infeasible at no cost: the sampler learns to leave it
-                trial.set_constraint("backend_ranked_out", slower - 1.0)
+                trial.set_constraint("ranked_out", slower - 1.0)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 continue
             rec = self.evaluate(trial.number, trial.params, recipe)
