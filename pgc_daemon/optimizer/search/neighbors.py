@@ -66,13 +66,13 @@ def next_neighbor(space: Space, records: Sequence[TrialRecord], policy: Policy,
         return None
     seen = {r.recipe_hash for r in records}
     room = policy.max_accuracy_drop - max(best.drop or 0.0, 0.0)
-    later: list[dict[str, Any]] = []
+    deferred: dict[str, Any] | None = None
     for candidate in neighbors(space, params):
         recipe = space.recipe(candidate)
         if recipe.hash in seen or slowdown(skip or {}, candidate, recipe) is not None:
             continue
         if sensitivity is not None and drop_change(sensitivity, space, params, candidate) > room:
-            later.append(candidate)
+            deferred = deferred or candidate
             continue
         return candidate
-    return later[0] if later else None
+    return deferred
