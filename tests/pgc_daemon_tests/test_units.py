@@ -14,8 +14,9 @@ from pgc_daemon.errors import PolicyError, SpecError
 from pgc_daemon.modelspec import as_examples, load_spec
 from pgc_daemon.policy import Policy
 from pgc_daemon.reservoir import InputReservoir
+from pgc_daemon.optimizer.search.hotprofile import hot_layers
 from pgc_daemon.optimizer.search.measure import interleaved
-from pgc_daemon.optimizer.search.space import build_space, hot_layers
+from pgc_daemon.optimizer.search.space import build_space
 
 # ---------------------------------------------------------------- policy
 

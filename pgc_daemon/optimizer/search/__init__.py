@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pgc_daemon.optimizer.search.evaluate import Evaluator, Score
+    from pgc_daemon.optimizer.search.hotprofile import hot_layers
     from pgc_daemon.optimizer.search.measure import Timing, interleaved
     from pgc_daemon.optimizer.search.results import SearchResult, TrialRecord, pareto_front, pick
-    from pgc_daemon.optimizer.search.space import Space, build_space, hot_layers
+    from pgc_daemon.optimizer.search.space import Space, build_space
     from pgc_daemon.optimizer.search.study import Search, study_name
 
 _WHERE = {
@@ -25,7 +26,7 @@ _WHERE = {
     "Timing": "measure",
     "TrialRecord": "results",
     "build_space": "space",
-    "hot_layers": "space",
+    "hot_layers": "hotprofile",
     "interleaved": "measure",
     "pareto_front": "results",
     "pick": "results",

@@ -1,4 +1,4 @@
-"""Which live per-layer profile a search ranks its hot layers by.
+"""Which layers a search gives a choice of their own, and the live profile it ranks them by.
 
 The first search ranks layers by fp32's time. Once a variant serves, that ranking is stale:
 int8 linears may leave attention, layer norms and the glue between kernels carrying the time.
@@ -9,14 +9,20 @@ when that profile exists; fp32's otherwise.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
+from torch import nn
 
 import store as st
+from compiler import SensitivityReport
 
 #: sampled calls of the serving variant its profile needs before a search trusts it
 MIN_SAMPLED_CALLS = 8
+#: the layers a search can give a precision of its own
+QUANTIZABLE = (nn.Linear,)
 
 
 def by_layer(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -47,3 +53,46 @@ def search_profile(
         return base, "fp32"
     variant = s.get(st.Variant, dep.variant_id)
     return by_layer(rows), f"the serving variant ({variant.label if variant else dep.variant_id})"
+
+
+def quantizable_layers(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, QUANTIZABLE)]
+
+
+def time_candidates(
+    model: nn.Module, profile: Sequence[dict[str, Any]], *, coverage: float = 0.8
+) -> list[str]:
+    """The smallest set of quantizable layers covering ``coverage`` of their live time,
+    hottest first."""
+    candidates = set(quantizable_layers(model))
+    rows = [r for r in profile if r["layer"] in candidates]
+    rows.sort(key=lambda r: r.get("share", 0.0), reverse=True)
+    total = sum(r.get("share", 0.0) for r in rows)
+    chosen, acc = [], 0.0
+    for r in rows:
+        if total and acc >= coverage * total:
+            break
+        chosen.append(r["layer"])
+        acc += r.get("share", 0.0)
+    return chosen
+
+
+def hot_layers(
+    model: nn.Module,
+    profile: Sequence[dict[str, Any]],
+    *,
+    coverage: float = 0.8,
+    max_hot: int = 6,
+    sensitivity: SensitivityReport | None = None,
+) -> list[str]:
+    """At most ``max_hot`` of the time candidates: the most sensitive ones when a sensitivity
+    report is given (they need a choice of their own), else the hottest."""
+    candidates = time_candidates(model, profile, coverage=coverage)
+    if sensitivity is None:
+        return candidates[:max_hot]
+    return sorted(candidates, key=lambda n: _worst_fidelity(sensitivity, n))[:max_hot]
+
+
+def _worst_fidelity(report: SensitivityReport, layer: str) -> float:
+    values = [r.fidelity for r in report.rows if r.layer == layer and r.fidelity is not None]
+    return min(values) if values else math.inf

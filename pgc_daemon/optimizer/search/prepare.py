@@ -13,6 +13,7 @@ from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.baselines import baselines_for
 from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.hotprofile import time_candidates
 from pgc_daemon.optimizer.search.space import (
     PEER_BASELINES,
     SAFE,
@@ -20,7 +21,6 @@ from pgc_daemon.optimizer.search.space import (
     backends_for,
     build_space,
     choices_for,
-    time_candidates,
 )
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
 from pgc_daemon.optimizer.search.trial import ServingThreads

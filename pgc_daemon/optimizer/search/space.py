@@ -35,9 +35,9 @@ from compiler import (
     openvino_backends,
 )
 from compiler.recipe import DEFAULT_KEY
+from pgc_daemon.optimizer.search.hotprofile import hot_layers
 from profiler import parse_key
 
-QUANTIZABLE = (nn.Linear,)
 BASE_CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt",
                 "int8-weight_only-pc")
 SAFE = "fp32"
@@ -244,49 +244,6 @@ class Space:
             "pruned": [list(p) for p in self.pruned],
             "size": self.size,
         }
-
-
-def quantizable_layers(model: nn.Module) -> list[str]:
-    return [name for name, m in model.named_modules() if isinstance(m, QUANTIZABLE)]
-
-
-def time_candidates(
-    model: nn.Module, profile: Sequence[dict[str, Any]], *, coverage: float = 0.8
-) -> list[str]:
-    """The smallest set of quantizable layers covering ``coverage`` of their live time,
-    hottest first."""
-    candidates = set(quantizable_layers(model))
-    rows = [r for r in profile if r["layer"] in candidates]
-    rows.sort(key=lambda r: r.get("share", 0.0), reverse=True)
-    total = sum(r.get("share", 0.0) for r in rows)
-    chosen, acc = [], 0.0
-    for r in rows:
-        if total and acc >= coverage * total:
-            break
-        chosen.append(r["layer"])
-        acc += r.get("share", 0.0)
-    return chosen
-
-
-def hot_layers(
-    model: nn.Module,
-    profile: Sequence[dict[str, Any]],
-    *,
-    coverage: float = 0.8,
-    max_hot: int = 6,
-    sensitivity: SensitivityReport | None = None,
-) -> list[str]:
-    """At most ``max_hot`` of the time candidates: the most sensitive ones when a sensitivity
-    report is given (they need a choice of their own), else the hottest."""
-    candidates = time_candidates(model, profile, coverage=coverage)
-    if sensitivity is None:
-        return candidates[:max_hot]
-    return sorted(candidates, key=lambda n: _worst_fidelity(sensitivity, n))[:max_hot]
-
-
-def _worst_fidelity(report: SensitivityReport, layer: str) -> float:
-    values = [r.fidelity for r in report.rows if r.layer == layer and r.fidelity is not None]
-    return min(values) if values else math.inf
 
 
 def choices_for(hardware: Hardware) -> tuple[str, ...]:
