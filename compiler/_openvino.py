@@ -46,6 +46,7 @@ from compiler._errors import BuildError
 from compiler._ort import _flat_inputs
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
+from compiler._tracing import plain_transformer_layers
 from compiler.parts import Backend, BackendKind, BackendMode
 
 INSTALL = "the openvino backend needs `pip install pgc[openvino]`"
@@ -145,7 +146,7 @@ def convert(module: nn.Module, example: Example) -> Converted:
     names, tensors = _flat_inputs(module, example, "openvino")
     with torch.no_grad():
         leaves, spec = tree_flatten(module(*example[0], **example[1]))
-    with torch.no_grad(), quiet(), no_telemetry():
+    with torch.no_grad(), quiet(), no_telemetry(), plain_transformer_layers():
         model = ov.convert_model(module, example_input=dict(zip(names, tensors)))
     got = [i.get_any_name() if i.get_names() else "" for i in model.inputs]
     if len(got) != len(names) or len(model.outputs) != len(leaves):

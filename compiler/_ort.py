@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, tr
 
 from compiler._errors import BuildError
 from compiler._registry import BuildContext, Example
+from compiler._tracing import plain_transformer_layers
 from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
 
 _QUANT_OPS = ("MatMul", "Gemm", "Conv")
@@ -59,7 +60,7 @@ def export_onnx(module: nn.Module, example: Example) -> tuple[bytes, list[str], 
     axes = {n: {d: f"{n}_{d}" for d in range(t.dim())} for n, t in zip(names, tensors)}
     axes.update({o: {d: f"{o}_{d}" for d in range(t.dim())} for o, t in zip(outputs, leaves)})
     buf = io.BytesIO()
-    with warnings.catch_warnings():
+    with plain_transformer_layers(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module, tuple(tensors), buf,  # type: ignore[arg-type]

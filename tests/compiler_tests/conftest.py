@@ -1,6 +1,7 @@
 """Small real models for the compiler's tests: a tiny BERT sentence embedder (random weights,
 the transformers implementation MiniLM uses, pooler kept so the unused-submodule trap is
-exercised) with variable-length inputs, and a model with data-dependent control flow."""
+exercised) with variable-length inputs, a model with data-dependent control flow, and one
+built of PyTorch's own transformer layers."""
 
 from __future__ import annotations
 
@@ -27,6 +28,28 @@ class Branchy(nn.Module):
         if x.mean() > 0:
             return self.b(h)
         return self.c(h) * 2
+
+
+class TorchEncoder(nn.Module):
+    """``nn.TransformerEncoder`` (batch first): without gradients its layers run one fused op
+    that reads their linears' weights directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(x).mean(1))
+
+
+@pytest.fixture(scope="session")
+def torch_encoder() -> dict[str, Any]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    inputs = [((torch.randn(4, 8, 32, generator=g),), {}) for _ in range(4)]
+    return {"model": TorchEncoder().eval().requires_grad_(False), "inputs": inputs}
 
 
 def token_batch(g: torch.Generator, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
