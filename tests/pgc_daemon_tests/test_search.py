@@ -39,6 +39,26 @@ def test_pareto_front() -> None:
     assert pareto_front([a, b, c]) == [a, b]
 
 
+def test_offline_latencies_follow_the_ratios_on_one_fp32_latency(mlp_spec: dict) -> None:
+    """Regression (a digits GRU through ``pgc optimize``): each trial timed fp32 beside its
+    candidate while the machine's speed moved, so the table showed 0.64 ms at 1.42x beside
+    0.39 ms at 1.40x, and a latency target judged those milliseconds, not the ratios."""
+    model, inputs = mlp_spec["model"], [(a, {}) for a in mlp_spec["example_inputs"][:4]]
+    policy = Policy(latency_target_ms=0.5, objective="fastest")
+    search = make_search(base=model, inputs=inputs, profile=[], name="one-reference",
+                         policy=policy, storage=None, metric="top1")
+    fast, slow = _rec("fast", 1 / 1.42, 0.0), _rec("slow", 1 / 1.40, 0.0)
+    fast.latency_ms, fast.baseline_ms, fast.feasible = 0.636, 0.903, False  # a slow moment
+    slow.latency_ms, slow.baseline_ms = 0.394, 0.552
+    third = _rec("third", 1 / 1.05, 0.0)
+    third.latency_ms, third.baseline_ms = 0.566, 0.594
+    result = search.result([fast, slow, third])
+    assert result.baseline_ms == 0.594  # the median of the trials' fp32
+    assert fast.latency_ms == pytest.approx(0.594 / 1.42) and fast.feasible
+    assert third.latency_ms == pytest.approx(0.594 / 1.05) and not third.feasible  # over 0.5
+    assert result.chosen is fast
+
+
 def test_study_names_follow_policy_and_traffic_shape() -> None:
     p = Policy()
     base = study_name("m", "h" * 64, "cpu-x", p, "b1 s128")

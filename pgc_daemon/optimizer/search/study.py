@@ -27,13 +27,8 @@ from pgc_daemon.optimizer.schedule import shape_signature, study_name
 from pgc_daemon.optimizer.search.baselines import ranked_out, slowdown
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.neighbors import next_neighbor
-from pgc_daemon.optimizer.search.results import (
-    SearchResult,
-    TrialRecord,
-    feasible,
-    pareto_front,
-    pick,
-)
+from pgc_daemon.optimizer.search.results import (SearchResult, TrialRecord, feasible,
+                                                 on_one_reference, pareto_front, pick)
 from pgc_daemon.optimizer.search.space import Space
 from pgc_daemon.optimizer.search.trial import ServingThreads, evaluate_trial
 from pgc_daemon.policy import Policy
@@ -351,6 +346,8 @@ class Search:
         complete = [r for r in records if r.state == "complete"]
         baselines = [r.baseline_ms for r in complete if r.baseline_ms]
         baseline_ms = self.reference_ms or (sorted(baselines)[len(baselines) // 2] if baselines else None)
+        if baseline_ms and not self.reference_ms:  # offline: every trial timed its own fp32
+            on_one_reference(complete, baseline_ms, self.policy)
         base = self._baseline_record(baseline_ms)
         front = pareto_front(complete + [base])
         chosen = pick(complete + [base], self.policy)
