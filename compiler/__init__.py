@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
     from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
     from compiler._siblings import may_have_sibling_linears
+    from compiler._quant import refused
 
 _LAZY: dict[str, str] = {
     "BuildReport": "compiler._registry",
@@ -75,6 +76,7 @@ _LAZY: dict[str, str] = {
     "SensitivityReport": "compiler.sensitivity",
     "sensitivity": "compiler.sensitivity",
     "may_have_sibling_linears": "compiler._siblings",
+    "refused": "compiler._quant",
 }
 #: Public names whose object has another name in its module.
 _RENAMED = {"openvino_backends": "search_backends"}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from compiler import Backend, Recipe
+from compiler import Backend, LayerQuant, Quantization, Recipe
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.prepare import make_search, offline_profile, timing_inputs_for
 from pgc_daemon.optimizer.search.study import TrialRecord, pareto_front, pick, shape_signature, study_name
@@ -57,6 +57,37 @@ def test_offline_latencies_follow_the_ratios_on_one_fp32_latency(mlp_spec: dict)
     assert fast.latency_ms == pytest.approx(0.594 / 1.42) and fast.feasible
     assert third.latency_ms == pytest.approx(0.594 / 1.05) and not third.feasible  # over 0.5
     assert result.chosen is fast
+
+
+def test_recipes_the_compiler_refuses_cost_no_trial(mlp_spec: dict) -> None:
+    """Regression (``bench/foreign.py``, a transformer): 5 of 12 trials were max-autotune
+    recipes with an int8 dynamic layer, which the compiler refuses before building."""
+    from compiler import refused
+
+    model, inputs = mlp_spec["model"], [(a, {}) for a in mlp_spec["example_inputs"][:4]]
+    policy = Policy(backends=["inductor-max"], max_trials=4)
+    search = make_search(base=model, inputs=inputs, profile=[], name="refusals", policy=policy,
+                         storage=None, metric="top1")
+    dynamic = [c for c in search.space.default_choices if "dynamic" in c]
+    assert dynamic  # the space offers them: every such recipe is refused on this backend
+    evaluated: list[Recipe] = []
+
+    def evaluate(number: int, params: dict, recipe: Recipe) -> TrialRecord:
+        evaluated.append(recipe)
+        rec = _rec(recipe.label(), 0.5 + 0.01 * number, 0.0)
+        rec.number, rec.recipe_hash, rec.params = number, recipe.hash, params
+        return rec
+
+    search.evaluate = evaluate
+    result = search.run(4)
+    assert len(evaluated) == 4 == len(result.records)
+    assert not any(refused(r, model) for r in evaluated)
+    assert refused(search.space.recipe({"default": dynamic[0], "backend": "inductor-max"}), model)
+    # a dynamic default that reaches no linear (every one has a rule of its own) builds
+    static = {n: LayerQuant.parse("int8-static-pc") for n in ("net.1", "net.3", "net.5")}
+    rules = Quantization.of({"_default": dynamic[0], **static})
+    recipe = Recipe(quantization=rules, backend=Backend("inductor", "max-autotune"))
+    assert refused(recipe, model) is None
 
 
 def test_study_names_follow_policy_and_traffic_shape() -> None:

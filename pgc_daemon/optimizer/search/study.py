@@ -22,7 +22,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 from torch import nn
 
-from compiler import CompileCache, Example, Recipe, RecipeError, SensitivityReport
+from compiler import CompileCache, Example, Recipe, RecipeError, SensitivityReport, refused
 from pgc_daemon.optimizer.schedule import shape_signature, study_name
 from pgc_daemon.optimizer.search.baselines import ranked_out, slowdown
 from pgc_daemon.optimizer.search.evaluate import Evaluator
@@ -205,8 +205,10 @@ class Search:
                 self._tell(trial, rec)
                 continue
             slower = None if queued else slowdown(out, trial.params, recipe)
-            if slower is not None:  # told infeasible at no cost: the sampler learns to leave it
-                trial.set_constraint("ranked_out", slower - 1.0)
+            # told infeasible at no cost (ranked out, or refused before any build): the
+            # sampler learns to leave it
+            if slower is not None or refused(recipe, self.base):
+                trial.set_constraint("ranked_out" if slower else "refused", (slower or 2.0) - 1.0)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 continue
             rec = self.evaluate(trial.number, trial.params, recipe)
