@@ -89,6 +89,7 @@ def test_optimize_reports_what_each_trial_cost(tmp_path: Path) -> None:
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data["feasible"] and data["speedup"] > 0
     assert data["trials"] == 2 and len(data["trial_s"]) == 2
+    assert data["failed"] == []  # both baselines build on the MLP
     assert all(0 < s <= data["elapsed_s"] for s in data["trial_s"])
     assert min(data["trial_s"]) <= data["trial_s_median"] <= max(data["trial_s"])
     assert "median" in out.stderr and "a trial" in out.stderr

@@ -58,6 +58,9 @@ class OfflineResult:
             "trial_s_median": round(statistics.median(seconds), 1) if seconds else None,
             "front": [_point(t) for t in r.front],
             "closest": [_point(t) for t in r.closest],
+            # trials whose recipe could not be built or run here, and why
+            "failed": [{"label": t.label, "message": t.message} for t in r.records
+                       if t.state == "failed" and not t.duplicate],
             "hot_layers": self.hot_layers,
             "space_size": self.space_size,
             "pruned": [list(p) for p in self.pruned],

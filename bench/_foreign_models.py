@@ -1,0 +1,179 @@
+"""Models written the way users write them, not the way pgc's examples are: PyTorch's own
+transformer layers, dict and tuple outputs, keyword inputs, recurrent layers, depthwise
+convolutions with a squeeze-excite gate, an ``EmbeddingBag`` over integer ids. Each is
+trained on scikit-learn's bundled digits (no download), seeded and single-threaded, so every
+process builds bit-identical weights (a live search checks that by fingerprint).
+
+MODEL_SPECs: ``bench._foreign_models:encoder`` (and ``dict_out``, ``conv1d``, ``gru``,
+``mobile``, ``bag``); :data:`SPECS` lists them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from pgc_daemon.examples.digits import accuracy, data, train
+
+SPECS = ("encoder", "dict_out", "conv1d", "gru", "mobile", "bag")
+
+
+class Encoder(nn.Module):
+    """``nn.TransformerEncoder`` over the image's 8 rows (its fused fast path without grad)."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(self.inp(x.reshape(x.shape[0], 8, 8))).mean(1))
+
+
+class DictOut(nn.Module):
+    """Returns a dict of logits and features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256))
+        self.cls = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.body(x)
+        return {"logits": self.cls(h), "features": h}
+
+
+class Conv1dNet(nn.Module):
+    """Depthwise-separable ``Conv1d`` over rows, ``GroupNorm``, ``SiLU``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Sequential(
+            nn.Conv1d(8, 64, 3, padding=1), nn.GroupNorm(8, 64), nn.SiLU(),
+            nn.Conv1d(64, 64, 3, padding=1, groups=64), nn.Conv1d(64, 128, 1), nn.SiLU(),
+            nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(128, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(x.reshape(x.shape[0], 8, 8))
+
+
+class GRUNet(nn.Module):
+    """A two-layer GRU called with keyword inputs, one of them optional."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(8, 96, batch_first=True, num_layers=2)
+        self.head = nn.Linear(96, 10)
+
+    def forward(self, pixels: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        x = pixels.reshape(pixels.shape[0], 8, 8)
+        if scale is not None:
+            x = x * scale
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
+
+
+class Mobile(nn.Module):
+    """Depthwise-separable ``Conv2d`` with batch norms, ``Hardswish`` and a squeeze-excite
+    gate; returns a tuple (logits, probabilities)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16),
+                                  nn.Hardswish())
+        self.dw = nn.Sequential(
+            nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.Hardswish(),
+            nn.Conv2d(16, 32, 1), nn.BatchNorm2d(32), nn.ReLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(32, 8, 1), nn.ReLU(),
+                                nn.Conv2d(8, 32, 1), nn.Sigmoid())
+        self.head = nn.Linear(32 * 64, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.dw(self.stem(x))
+        logits = self.head((h * self.se(h)).flatten(1))
+        return logits, logits.softmax(-1)
+
+
+class Bag(nn.Module):
+    """An ``EmbeddingBag`` over integer ids (each pixel's position and level), then an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.EmbeddingBag(17 * 64, 64, mode="mean")
+        self.mlp = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.emb(ids))
+
+
+def _ids(x: torch.Tensor) -> torch.Tensor:
+    return (x.reshape(x.shape[0], 64) * 16).round().long() + 17 * torch.arange(64)
+
+
+class _Trainable(nn.Module):
+    """What ``train`` needs: images in, logits out."""
+
+    def __init__(self, model: nn.Module, adapt: Callable[[nn.Module, torch.Tensor], Any]) -> None:
+        super().__init__()
+        self.model, self.adapt = model, adapt
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.adapt(self.model, x)
+
+
+_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, torch.Tensor], Any]]] = {
+    "encoder": (Encoder, lambda m, x: m(x)),
+    "dict_out": (DictOut, lambda m, x: m(x)["logits"]),
+    "conv1d": (Conv1dNet, lambda m, x: m(x)),
+    "gru": (GRUNet, lambda m, x: m(pixels=x)),
+    "mobile": (Mobile, lambda m, x: m(x)[0]),
+    "bag": (Bag, lambda m, x: m(_ids(x))),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _trained(kind: str) -> nn.Module:
+    make, adapt = _MODELS[kind]
+    # seeded before construction too: MultiheadAttention initializes outside reset_parameters
+    torch.manual_seed(0)
+    return train(_Trainable(make(), adapt)).model.eval()
+
+
+def _spec(kind: str, batch: int, inputs: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+    _, _, xt, yt = data()
+    starts = range(0, len(xt) - batch + 1, batch)
+    return {"model": _trained(kind), "example_inputs": [inputs(xt[i:i + batch]) for i in starts],
+            "labels": [yt[i:i + batch] for i in starts], "accuracy": accuracy}
+
+
+def encoder() -> dict[str, Any]:
+    return _spec("encoder", 4, lambda x: (x,))
+
+
+def dict_out() -> dict[str, Any]:
+    """No accuracy function: pgc picks the metric from the outputs."""
+    spec = _spec("dict_out", 8, lambda x: (x,))
+    return {"model": spec["model"], "example_inputs": spec["example_inputs"]}
+
+
+def conv1d() -> dict[str, Any]:
+    return _spec("conv1d", 1, lambda x: (x,))
+
+
+def gru() -> dict[str, Any]:
+    return _spec("gru", 16, lambda x: {"pixels": x})
+
+
+def mobile() -> dict[str, Any]:
+    spec = _spec("mobile", 4, lambda x: (x,))
+    return {"model": spec["model"], "example_inputs": spec["example_inputs"]}
+
+
+def bag() -> dict[str, Any]:
+    return _spec("bag", 8, lambda x: (_ids(x),))
