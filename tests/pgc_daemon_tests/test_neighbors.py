@@ -61,7 +61,12 @@ def test_the_next_neighbor_skips_recipes_tried_and_backends_ranked_out() -> None
     first = next_neighbor(SPACE, [best], FASTEST)
     assert first == {**BEST_BASELINE, "default": "fp32"}
     tried = [best, _record(first, 1, 0.7)]
-    assert next_neighbor(SPACE, tried, FASTEST) == {**BEST_BASELINE, "default": "int8-dynamic-pc"}
+    second = {**BEST_BASELINE, "default": "int8-dynamic-pc"}
+    assert next_neighbor(SPACE, tried, FASTEST) == second
+    # a recipe refused before any build has no record: the study names it, or the moves
+    # proposed it again on every ask until the search gave up
+    third = next_neighbor(SPACE, tried, FASTEST, tried=[SPACE.recipe(second).hash])
+    assert third is not None and third != second
     # every quantization neighbor tried: only eager is left, and the trials rank it out
     rest = [p for p in neighbors(SPACE, BEST_BASELINE) if p["backend"] == "inductor"]
     done = [best] + [_record(p, i + 1, 0.7) for i, p in enumerate(rest)]

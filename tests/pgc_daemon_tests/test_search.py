@@ -65,7 +65,7 @@ def test_recipes_the_compiler_refuses_cost_no_trial(mlp_spec: dict) -> None:
     from compiler import refused
 
     model, inputs = mlp_spec["model"], [(a, {}) for a in mlp_spec["example_inputs"][:4]]
-    policy = Policy(backends=["inductor-max"], max_trials=4)
+    policy = Policy(backends=["inductor-max"], max_trials=12)
     search = make_search(base=model, inputs=inputs, profile=[], name="refusals", policy=policy,
                          storage=None, metric="top1")
     dynamic = [c for c in search.space.default_choices if "dynamic" in c]
@@ -76,11 +76,15 @@ def test_recipes_the_compiler_refuses_cost_no_trial(mlp_spec: dict) -> None:
         evaluated.append(recipe)
         rec = _rec(recipe.label(), 0.5 + 0.01 * number, 0.0)
         rec.number, rec.recipe_hash, rec.params = number, recipe.hash, params
+        rec.recipe = recipe.to_dict()  # the moves go next to the best so far
         return rec
 
     search.evaluate = evaluate
-    result = search.run(4)
-    assert len(evaluated) == 4 == len(result.records)
+    recipes = map(search.space.recipe, search.space.grid())
+    buildable = {r.hash for r in recipes if not refused(r, model)}
+    assert len(buildable) < search.space.size
+    result = search.run(len(buildable))  # every one: neither the sampler nor the moves get stuck
+    assert len(evaluated) == len(buildable) == len(result.records)
     assert not any(refused(r, model) for r in evaluated)
     assert refused(search.space.recipe({"default": dynamic[0], "backend": "inductor-max"}), model)
     # a dynamic default that reaches no linear (every one has a rule of its own) builds

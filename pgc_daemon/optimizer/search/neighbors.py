@@ -15,7 +15,7 @@ changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from compiler import Recipe, RecipeError, SensitivityReport
@@ -49,12 +49,14 @@ def neighbors(space: Space, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def next_neighbor(space: Space, records: Sequence[TrialRecord], policy: Policy,
                   skip: Mapping[Choice, float] | None = None,
-                  sensitivity: SensitivityReport | None = None) -> dict[str, Any] | None:
+                  sensitivity: SensitivityReport | None = None,
+                  tried: Collection[str] = ()) -> dict[str, Any] | None:
     """The first neighbor of the incumbent whose recipe no trial has evaluated yet and has no
     choice in ``skip`` (those the trials rank out, :func:`~.baselines.ranked_out`); None where
     there is no incumbent, the incumbent cannot be said in ``space``, or every neighbor was
     tried. With ``sensitivity``, the neighbors it predicts to break the accuracy budget (the
-    incumbent's measured drop plus :func:`~.baselines.drop_change`) come after the rest."""
+    incumbent's measured drop plus :func:`~.baselines.drop_change`) come after the rest.
+    ``tried``: hashes of recipes tried without a record (refused before any build)."""
     best = incumbent(records, policy)
     if best is None:
         return None
@@ -64,7 +66,7 @@ def next_neighbor(space: Space, records: Sequence[TrialRecord], policy: Policy,
         return None
     if params is None:
         return None
-    seen = {r.recipe_hash for r in records}
+    seen = {r.recipe_hash for r in records} | set(tried)
     room = policy.max_accuracy_drop - max(best.drop or 0.0, 0.0)
     deferred: dict[str, Any] | None = None
     for candidate in neighbors(space, params):

@@ -182,7 +182,7 @@ class Search:
         started = time.monotonic()
         records = self.finished()
         seen = {r.recipe_hash: r for r in records if not r.duplicate}
-        evaluated, asks, move_next = len(seen), 0, self.neighbor_moves
+        evaluated, asks, move_next, refusals = len(seen), 0, self.neighbor_moves, set()
         while evaluated < n_trials and asks < 4 * n_trials:
             if self.should_stop():
                 break
@@ -193,7 +193,7 @@ class Search:
             out = ranked_out(records, self.space.backends) if self.rank_backends else {}
             # every other trial the sampler would make: one next to the best so far
             move = None if queued or not move_next else next_neighbor(
-                self.space, records, self.policy, out, self.sensitivity)
+                self.space, records, self.policy, out, self.sensitivity, refusals)
             if move is not None:
                 self.study.enqueue_trial(move)
                 queued = True
@@ -205,9 +205,10 @@ class Search:
                 self._tell(trial, rec)
                 continue
             slower = None if queued else slowdown(out, trial.params, recipe)
-            # told infeasible at no cost (ranked out, or refused before any build): the
-            # sampler learns to leave it
-            if slower is not None or refused(recipe, self.base):
+            if slower is None and refused(recipe, self.base):  # before any build
+                refusals.add(recipe.hash)
+            if slower is not None or recipe.hash in refusals:  # infeasible at no cost: the
+                # sampler learns to leave it, and the moves skip it
                 trial.set_constraint("ranked_out" if slower else "refused", (slower or 2.0) - 1.0)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 continue
