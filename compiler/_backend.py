@@ -115,6 +115,12 @@ class FreezingCompiled(nn.Module):
 NO_BUFFER_PLANNING = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
 
+#: Inductor writes every autotuning's choices and timings straight to ``sys.stderr``; a search
+#: on a 2-layer transformer printed 40 such lines into the user's terminal from a compile that
+#: ran outside pgc's redirection (``bench/foreign.py``)
+QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
 def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, Any]:
     options: dict[str, Any] = {"freezing": freezing}
     if part.mode == "max-autotune":
@@ -122,6 +128,7 @@ def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, Any]:
 
         options.update(list_mode_options("max-autotune"))
         options.update(NO_BUFFER_PLANNING)
+        options.update(QUIET_AUTOTUNE)
     return options
 
 
