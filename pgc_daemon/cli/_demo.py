@@ -307,6 +307,8 @@ def _report(
         "speedup_before_after": lat["speedup"] if deployed else None,
         "first_active_s": round(first[0] - attached_at, 1) if first and attached_at else None,
         "first_active_label": first[1] if first else None,
+        # serving a deployment made before this attach (a store reused from an earlier run)
+        "restored": deployed and first is None,
         "search_best_speedup": search_best(s, model.id),
         "deployed_while_searching": active.get("while_searching", False) if deployed else None,
         "search_speedup": active.get("expected_speedup") if deployed else None,
@@ -364,7 +366,8 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
         f"first active deployment {r['first_active_s']:.0f} s after attach "
         f"({r.get('first_active_label')})"
         if r.get("first_active_s") is not None
-        else "no deployment active yet"
+        else f"{r.get('deployed_label')} restored at attach (deployed by an earlier run)"
+        if r.get("restored") else "no deployment active yet"
     )
     console.print(
         f"{first} · best in search {_fmt(r.get('search_best_speedup'))}x · "

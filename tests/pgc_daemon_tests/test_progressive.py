@@ -587,3 +587,11 @@ def test_the_demo_waits_for_the_search_and_reports_when_the_first_variant_went_a
     out = capsys.readouterr().out
     assert f"first active deployment {report['first_active_s']:.0f} s after attach" in out
     assert "best in search 1.80x" in out
+    # a store reused from an earlier run: the deployment it serves went active before attach
+    with store.session() as s:
+        again = _report(s, s.get(st.Model, model_id), served, Traffic(served, 1.0, 1), "deployed",
+                        60.0, None, time.time())
+    assert again["first_active_s"] is None and again["restored"] is True
+    _print_report(Console(file=None, force_terminal=False, width=200), again)
+    out = capsys.readouterr().out
+    assert "restored at attach" in out and "no deployment active yet" not in out
