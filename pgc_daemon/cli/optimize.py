@@ -44,10 +44,12 @@ def run(args: argparse.Namespace) -> int:
 
     from pgc_daemon.errors import PolicyError
     from pgc_daemon.policy import Policy
+    from pgc_daemon.optimizer.search.inflight import interrupt_on_sigterm
     from pgc_daemon.optimizer.search.offline import optimize
 
     if args.trials < 1:
         raise UsageError("--trials must be at least 1")
+    interrupt_on_sigterm()  # a study in --storage withdraws the trial in flight, not blames it
     try:
         policy = Policy.parse(
             {

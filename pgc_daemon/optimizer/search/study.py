@@ -3,9 +3,8 @@ policy's constraints, driven trial by trial with ask/tell so each trial can be p
 accuracy before it is timed, and so a recipe already measured is never built twice.
 
 The study lives in Optuna's RDB storage under a name made of the model, its fingerprint, the
-hardware, the policy's study terms and the traffic shape
-(:func:`~pgc_daemon.optimizer.schedule.study_name`): a restarted worker resumes it with every
-finished trial kept. What a search produces (records, result, front, pick) is in
+hardware, the policy's study terms and the traffic shape (:func:`~.schedule.study_name`): a
+restarted worker resumes it with every finished trial kept (see :mod:`.inflight`). What a search produces (records, result, front, pick) is in
 :mod:`~pgc_daemon.optimizer.search.results`, re-exported here.
 """
 
@@ -26,6 +25,7 @@ from compiler import CompileCache, Example, Recipe, RecipeError, SensitivityRepo
 from pgc_daemon.optimizer.schedule import shape_signature, study_name
 from pgc_daemon.optimizer.search.baselines import ranked_out, slowdown
 from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.inflight import blamed_until_done, close_unfinished
 from pgc_daemon.optimizer.search.neighbors import next_neighbor
 from pgc_daemon.optimizer.search.results import (SearchResult, TrialRecord, feasible,
                                                  on_one_reference, pareto_front, pick)
@@ -68,9 +68,8 @@ def open_study(
         )
         if not study.metric_names:
             study.set_metric_names(["latency_ratio", "accuracy_drop"])
-    # A worker killed mid-trial leaves it RUNNING forever: close it so the budget is honest.
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    if blamed := close_unfinished(study):  # each recipe a process died on is not built again
+        log.warning("%s: %d trial(s) ended their search process; recorded failed", name, blamed)
     return study
 
 
@@ -212,10 +211,11 @@ class Search:
                 trial.set_constraint("ranked_out" if slower else "refused", (slower or 2.0) - 1.0)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 continue
-            rec = self.evaluate(trial.number, trial.params, recipe)
-            rec.policy_version = self.policy_version
-            rec.origin = "neighbor" if move else "baseline" if queued else "sampler"
-            self._tell(trial, rec)
+            with blamed_until_done(trial, trial.params, recipe):
+                rec = self.evaluate(trial.number, trial.params, recipe)
+                rec.policy_version = self.policy_version
+                rec.origin = "neighbor" if move else "baseline" if queued else "sampler"
+                self._tell(trial, rec)
             seen[rec.recipe_hash] = rec
             records.append(rec)
             evaluated += 1
@@ -251,11 +251,11 @@ class Search:
             if recipe.hash in seen:
                 continue
             trial = self.study.ask()
-            rec = self.evaluate(trial.number, params, recipe)
-            rec.policy_version, rec.origin = self.policy_version, "baseline"
-            trial.set_user_attr("record", rec.to_dict())
-            trial.set_user_attr(EARLY, True)
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            with blamed_until_done(trial, params, recipe, **{EARLY: True}):
+                rec = self.evaluate(trial.number, params, recipe)
+                rec.policy_version, rec.origin = self.policy_version, "baseline"
+                trial.set_user_attr("record", rec.to_dict())
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             seen.add(rec.recipe_hash)
             out.append(rec)
             evaluated += 1

@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
+    # stopping (pgc serve ends, the watchdog) withdraws the trial in flight, where a native
+    # crash leaves it blamed on its recipe (see .inflight)
+    from pgc_daemon.optimizer.search.inflight import interrupt_on_sigterm  # noqa: PLC0415
+
+    interrupt_on_sigterm()
     lower_priority()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings()
