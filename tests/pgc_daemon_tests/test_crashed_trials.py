@@ -31,7 +31,8 @@ FP32 = SPACE.params("fp32", "inductor")
 
 
 def _search(storage: str, evaluate: Any, evaluated: list[TrialRecord]) -> Search:
-    return Search(base=None, space=SPACE, policy=FASTEST, timing_inputs=[],  # type: ignore[arg-type]
+    return Search(base=None,  # type: ignore[arg-type]
+                  space=SPACE, policy=FASTEST, timing_inputs=[],
                   evaluator=SimpleNamespace(metric="cosine"),  # type: ignore[arg-type]
                   calibration=[], storage=storage, name="crashes", seed=0, evaluate=evaluate,
                   rank_backends=False, on_trial=lambda rec, done, budget: evaluated.append(rec))

@@ -4,8 +4,8 @@ accuracy before it is timed, and so a recipe already measured is never built twi
 
 The study lives in Optuna's RDB storage under a name made of the model, its fingerprint, the
 hardware, the policy's study terms and the traffic shape (:func:`~.schedule.study_name`): a
-restarted worker resumes it with every finished trial kept (see :mod:`.inflight`). What a search produces (records, result, front, pick) is in
-:mod:`~pgc_daemon.optimizer.search.results`, re-exported here.
+restarted worker resumes it with every finished trial kept (see :mod:`.inflight`). What a
+search produces (records, result, front, pick) is in :mod:`.results`, re-exported here.
 """
 
 from __future__ import annotations
