@@ -1,17 +1,19 @@
 """Models written the way users write them, not the way pgc's examples are: PyTorch's own
 transformer layers, dict and tuple outputs, keyword inputs, recurrent layers, depthwise
-convolutions with a squeeze-excite gate, an ``EmbeddingBag`` over integer ids. Each is
+convolutions with a squeeze-excite gate, an ``EmbeddingBag`` over integer ids, a branch on
+the input's values, a dataclass output, a list of tensors in, hand-written causal attention
+over ``F.scaled_dot_product_attention`` with an RMS norm. Each is
 trained on scikit-learn's bundled digits (no download), seeded and single-threaded, so every
 process builds bit-identical weights (a live search checks that by fingerprint).
 
-MODEL_SPECs: ``bench._foreign_models:encoder`` (and ``dict_out``, ``conv1d``, ``gru``,
-``mobile``, ``bag``); :data:`SPECS` lists them.
+MODEL_SPECs: ``bench._foreign_models:encoder`` (and the others :data:`SPECS` lists).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +21,8 @@ from torch import nn
 
 from pgc_daemon.examples.digits import accuracy, data, train
 
-SPECS = ("encoder", "dict_out", "conv1d", "gru", "mobile", "bag")
+SPECS = ("encoder", "dict_out", "conv1d", "gru", "mobile", "bag", "branchy", "dataclass_out",
+         "list_in", "causal")
 
 
 class Encoder(nn.Module):
@@ -112,6 +115,97 @@ class Bag(nn.Module):
         return self.mlp(self.emb(ids))
 
 
+class Branchy(nn.Module):
+    """Takes one of two paths by the batch's mean intensity: Python control flow on a tensor's
+    value, which ``torch.export`` cannot trace without ``torch.cond``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dark = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+        self.bright = nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(x.shape[0], 64)
+        if x.mean() > 0.3:
+            return self.bright(x)
+        return self.dark(x)
+
+
+@dataclass
+class Output:
+    """An output type in the style of a model hub's ``ModelOutput``: a plain dataclass."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class DataclassOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 128), nn.Tanh())
+        self.cls = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> Output:
+        h = self.body(x.reshape(x.shape[0], 64))
+        return Output(logits=self.cls(h), hidden=h)
+
+
+class ListIn(nn.Module):
+    """Two views of the image (top and bottom halves) passed as one list argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.top = nn.Linear(32, 96)
+        self.bottom = nn.Linear(32, 96)
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(192, 10))
+
+    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
+        return self.head(torch.cat([self.top(views[0]), self.bottom(views[1])], dim=-1))
+
+
+def _views(x: torch.Tensor) -> list[torch.Tensor]:
+    flat = x.reshape(x.shape[0], 64)
+    return [flat[:, :32].contiguous(), flat[:, 32:].contiguous()]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Causal(nn.Module):
+    """A decoder block as written by hand: fused ``qkv`` projection split into heads, causal
+    ``scaled_dot_product_attention``, RMS norms, a SiLU-gated MLP; rows as tokens."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.inp = nn.Linear(8, d)
+        self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.gate = nn.Linear(d, 2 * d, bias=False)
+        self.up = nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d, bias=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x.reshape(x.shape[0], 8, 8))
+        b, t, d = h.shape
+        q, k, v = self.qkv(self.norm1(h)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        n = self.norm2(h)
+        h = h + self.down(torch.nn.functional.silu(self.gate(n)) * self.up(n))
+        return self.head(h[:, -1])
+
+
 def _ids(x: torch.Tensor) -> torch.Tensor:
     return (x.reshape(x.shape[0], 64) * 16).round().long() + 17 * torch.arange(64)
 
@@ -134,6 +228,10 @@ _MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, torch.Ten
     "gru": (GRUNet, lambda m, x: m(pixels=x)),
     "mobile": (Mobile, lambda m, x: m(x)[0]),
     "bag": (Bag, lambda m, x: m(_ids(x))),
+    "branchy": (Branchy, lambda m, x: m(x)),
+    "dataclass_out": (DataclassOut, lambda m, x: m(x).logits),
+    "list_in": (ListIn, lambda m, x: m(_views(x))),
+    "causal": (Causal, lambda m, x: m(x)),
 }
 
 
@@ -177,3 +275,21 @@ def mobile() -> dict[str, Any]:
 
 def bag() -> dict[str, Any]:
     return _spec("bag", 8, lambda x: (_ids(x),))
+
+
+def branchy() -> dict[str, Any]:
+    return _spec("branchy", 8, lambda x: (x,))
+
+
+def dataclass_out() -> dict[str, Any]:
+    """No accuracy function: pgc picks the metric from the outputs."""
+    spec = _spec("dataclass_out", 8, lambda x: (x,))
+    return {"model": spec["model"], "example_inputs": spec["example_inputs"]}
+
+
+def list_in() -> dict[str, Any]:
+    return _spec("list_in", 8, lambda x: (_views(x),))
+
+
+def causal() -> dict[str, Any]:
+    return _spec("causal", 4, lambda x: (x,))

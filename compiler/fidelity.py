@@ -6,10 +6,18 @@ means the same thing for every metric:
 - ``cosine``: mean cosine similarity of each sample's output vector (embeddings);
 - ``top1``: share of rows whose argmax agrees (logits);
 - ``sqnr``: 1 - noise-to-signal power ratio, so SQNR 20 dB is fidelity 0.99 (anything else).
+
+Outputs are compared leaf by leaf: tensors inside tuples, lists, dicts, named tuples, pytree
+nodes (a model hub's ``ModelOutput``) and plain dataclasses, which torch's pytree does not
+open (a model returning one scored a perfect 1.0 against any output: no tensor was found on
+either side). An output whose tensors differ from the reference's in number, shape or dtype
+kind scores 0; integer and boolean tensors (ids, masks) count by exact agreement; an output
+holding no tensor at all cannot be judged and raises ``ValueError``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -20,13 +28,41 @@ from torch.utils._pytree import tree_leaves
 METRICS = ("cosine", "top1", "sqnr")
 
 
+def tensor_leaves(output: Any) -> list[torch.Tensor]:
+    """Every tensor of a model output, in order (dataclasses opened field by field)."""
+    out: list[torch.Tensor] = []
+    for leaf in tree_leaves(output):
+        if torch.is_tensor(leaf):
+            out.append(leaf.detach())
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            out.extend(tensor_leaves([getattr(leaf, f.name) for f in dataclasses.fields(leaf)]))
+    return out
+
+
 def float_leaves(output: Any) -> list[torch.Tensor]:
-    """The floating-point tensors of a model output (tensor, tuple, dict, ModelOutput)."""
-    return [
-        t.detach().float()
-        for t in tree_leaves(output)
-        if torch.is_tensor(t) and t.is_floating_point()
-    ]
+    """The floating-point tensors of a model output, as fp32."""
+    return [t.float() for t in tensor_leaves(output) if t.is_floating_point()]
+
+
+def _matched(ref: Any, out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """The float leaves of both sides, or None where the outputs do not match: other tensors
+    in number, shape or kind, or unequal integer tensors beside them counted in ``exact``."""
+    r, o = tensor_leaves(ref), tensor_leaves(out)
+    if not r:
+        raise ValueError("the model's output holds no tensor to compare")
+    if len(r) != len(o) or any(a.shape != b.shape or a.is_floating_point() != b.is_floating_point()
+                               for a, b in zip(r, o)):
+        return None
+    return [a.float() for a in r if a.is_floating_point()], [b.float() for b in o
+                                                                 if b.is_floating_point()]
+
+
+def _exact(ref: Any, out: Any) -> float:
+    """Share of equal elements over the integer and boolean tensors of a matched pair."""
+    pairs = [(a, b) for a, b in zip(tensor_leaves(ref), tensor_leaves(out))
+             if not a.is_floating_point()]
+    total = sum(a.numel() for a, _ in pairs)
+    return 1.0 if not total else sum(int((a == b).sum()) for a, b in pairs) / total
 
 
 def choose_metric(reference_output: Any) -> str:
@@ -59,18 +95,27 @@ def fidelity(metric: str, references: Sequence[Any], outputs: Sequence[Any]) -> 
         raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
     if len(references) != len(outputs) or not references:
         raise ValueError("need as many outputs as references, and at least one")
+    matched = [_matched(ref, out) for ref, out in zip(references, outputs)]
+    if any(m is None for m in matched):
+        return 0.0  # a variant whose outputs are not the reference's kind of output
+    pairs = [m for m in matched if m is not None]
+    exact = min(_exact(ref, out) for ref, out in zip(references, outputs))
+    if not any(r for r, _ in pairs):  # integer outputs only (ids, masks): exact agreement
+        return exact
     if metric == "sqnr":
         signal = noise = 0.0
-        for ref, out in zip(references, outputs):
-            for r, o in zip(float_leaves(ref), float_leaves(out)):
+        for r_leaves, o_leaves in pairs:
+            for r, o in zip(r_leaves, o_leaves):
                 signal += float(r.pow(2).sum())
                 noise += float((r - o).pow(2).sum())
         if not math.isfinite(noise):
             return 0.0
-        return 1.0 if signal == 0.0 else max(0.0, 1.0 - noise / signal)
+        value = 1.0 if signal == 0.0 else max(0.0, 1.0 - noise / signal)
+        return min(value, exact)
     scores: list[torch.Tensor] = []
-    for ref, out in zip(references, outputs):
-        r_leaves, o_leaves = float_leaves(ref), float_leaves(out)
+    for r_leaves, o_leaves in pairs:
+        if not r_leaves:
+            continue
         if metric == "top1":
             r, o = r_leaves[0], o_leaves[0]
             scores.append((r.argmax(-1) == o.argmax(-1)).float().reshape(-1))
@@ -78,7 +123,7 @@ def fidelity(metric: str, references: Sequence[Any], outputs: Sequence[Any]) -> 
             for r, o in zip(r_leaves, o_leaves):
                 scores.append(_cosine(r, o))
     value = float(torch.cat(scores).mean())
-    return value if math.isfinite(value) else 0.0
+    return min(value, exact) if math.isfinite(value) else 0.0
 
 
 def compare(reference: Any, output: Any) -> dict[str, float]:

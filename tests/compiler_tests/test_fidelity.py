@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -59,6 +60,47 @@ def test_unknown_metric_and_mismatched_lengths_are_errors() -> None:
         fidelity("l2", [torch.ones(1)], [torch.ones(1)])
     with pytest.raises(ValueError):
         fidelity("cosine", [torch.ones(1)], [])
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+@pytest.mark.parametrize("metric", ["top1", "cosine", "sqnr"])
+def test_a_dataclass_output_is_compared_by_its_tensors(metric: str) -> None:
+    """torch's pytree keeps a plain dataclass whole: before, no tensor was found on either
+    side and every output, however wrong, scored 1.0."""
+    torch.manual_seed(0)
+    ref = Output(torch.randn(8, 10), torch.randn(8, 32))
+    wrong = Output(-ref.logits, torch.randn(8, 32))
+    assert choose_metric(ref) == "top1"
+    assert fidelity(metric, [ref], [ref]) == pytest.approx(1.0)
+    assert fidelity(metric, [ref], [wrong]) < 0.2
+    assert compare(ref, wrong)["cosine"] < 0.2
+
+
+def test_outputs_of_another_structure_score_zero() -> None:
+    ref = (torch.ones(4, 10), torch.ones(4, 3))
+    assert fidelity("cosine", [ref], [ref[:1]]) == 0.0  # a tensor missing
+    assert fidelity("cosine", [ref], [(torch.ones(4, 10), torch.ones(4, 4))]) == 0.0  # a shape
+    assert fidelity("sqnr", [ref], [(torch.ones(4, 10), torch.ones(4, 3, dtype=torch.long))]) == 0.0
+
+
+def test_integer_outputs_count_by_exact_agreement() -> None:
+    ids = torch.arange(8)
+    assert fidelity("sqnr", [ids], [ids.clone()]) == 1.0
+    assert fidelity("sqnr", [ids], [torch.where(ids < 2, -1, ids)]) == pytest.approx(0.75)
+    # beside logits: the lower of the two judges
+    ref = {"logits": torch.eye(4), "pred": torch.arange(4)}
+    out = {"logits": torch.eye(4), "pred": torch.zeros(4, dtype=torch.long)}
+    assert fidelity("top1", [ref], [out]) == 0.25
+
+
+def test_an_output_without_tensors_cannot_be_judged() -> None:
+    with pytest.raises(ValueError, match="no tensor"):
+        fidelity("sqnr", [{"label": "cat"}], [{"label": "dog"}])
 
 
 def test_fingerprint_follows_weights_not_identity() -> None:
