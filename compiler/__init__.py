@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
     from compiler._siblings import may_have_sibling_linears
     from compiler._quant import refused
+    from compiler._ort import untraceable_inputs
 
 _LAZY: dict[str, str] = {
     "BuildReport": "compiler._registry",
@@ -77,6 +78,7 @@ _LAZY: dict[str, str] = {
     "sensitivity": "compiler.sensitivity",
     "may_have_sibling_linears": "compiler._siblings",
     "refused": "compiler._quant",
+    "untraceable_inputs": "compiler._ort",
 }
 #: Public names whose object has another name in its module.
 _RENAMED = {"openvino_backends": "search_backends"}

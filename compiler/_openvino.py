@@ -46,6 +46,7 @@ from compiler._errors import BuildError
 from compiler._ort import _flat_inputs
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
+from compiler._trace_check import check_trace
 from compiler._tracing import plain_transformer_layers
 from compiler.parts import Backend, BackendKind, BackendMode
 
@@ -215,6 +216,13 @@ def ir_files(model: Any) -> dict[str, bytes]:
         return {name: (Path(tmp) / name).read_bytes() for name in FILES}
 
 
+def _check(model: nn.Module, converted: Converted, inputs: list[Example]) -> None:
+    """The converted model, compiled in f32, gives the module's outputs (see _trace_check)."""
+    fp32 = _wrap(converted.model, converted.input_names, converted.out_spec, BackendMode.F32,
+                 model)
+    check_trace("openvino", model, lambda ex: fp32(*ex[0], **ex[1]), inputs)
+
+
 def to_openvino(model: nn.Module, ctx: BuildContext) -> nn.Module:
     ov_version = openvino_version()  # BuildError first if OpenVINO is not installed
     recipe = ctx.recipe
@@ -223,6 +231,7 @@ def to_openvino(model: nn.Module, ctx: BuildContext) -> nn.Module:
     if example is None:
         raise BuildError("the openvino backend converts the model: give an example input")
     converted = convert(model, example)
+    _check(model, converted, ctx.calibration or [example])
     ov_model = converted.model
     part = ctx.state.get("openvino_quantization")
     if part is not None:

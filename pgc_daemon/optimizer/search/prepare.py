@@ -3,12 +3,14 @@ store) and an offline run (``pgc optimize``, inputs from the MODEL_SPEC)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
 
-from compiler import CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity
+from compiler import (CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity,
+                      untraceable_inputs)
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.baselines import baselines_for
@@ -25,6 +27,8 @@ from pgc_daemon.optimizer.search.space import (
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
 from pgc_daemon.optimizer.search.trial import ServingThreads
 from profiler import profile_model, shape_key
+
+log = logging.getLogger("pgc.search")
 
 ACCURACY_INPUTS = 64
 TIMING_INPUTS = 16
@@ -124,7 +128,8 @@ def make_search(
         labels=list(labels[:n]) if labels is not None else None,
     )
     space = space or shape_space(
-        base, profile, policy, sensitivity=None if early else sensitivity, histogram=histogram
+        base, profile, policy, sensitivity=None if early else sensitivity, histogram=histogram,
+        example=inputs[0] if inputs else None,
     )
     search = Search(
         base=base,
@@ -157,20 +162,38 @@ def shape_space(
     *,
     sensitivity: SensitivityReport | None,
     histogram: dict[str, int] | None = None,
+    example: Example | None = None,
 ) -> Space:
     """The space of a search on this machine: hot layers from the live ``profile`` (the most
     sensitive of them, with ``sensitivity``), choices pruned by ``sensitivity``, backends
-    those installed here that the policy allows."""
+    those installed here that the policy allows and that take ``example``'s inputs."""
     return build_space(
         base,
         profile,
         probe(),
         max_hot=MAX_HOT,
-        backends=allowed_backends(policy),
+        backends=taking_inputs(allowed_backends(policy), base, example),
         sensitivity=sensitivity,
         max_drop=policy.max_accuracy_drop,
         shapes=histogram,
     )
+
+
+#: backends that trace the module into their own graph: they take tensor arguments only
+TRACED = ("onnxruntime", "openvino")
+
+
+def taking_inputs(backends: tuple[str, ...], base: nn.Module,
+                  example: Example | None) -> tuple[str, ...]:
+    """``backends`` less those that cannot take ``example``'s inputs (said in the log)."""
+    why = untraceable_inputs(base, example) if example is not None else None
+    if why is None:
+        return backends
+    out = tuple(b for b in backends if not b.startswith(TRACED))
+    if out != backends:
+        log.warning("%s left out of the search: %s", ", ".join(sorted(set(backends) - set(out))),
+                    why)
+    return out
 
 
 def allowed_backends(policy: Policy, installed: Sequence[str] | None = None) -> tuple[str, ...]:

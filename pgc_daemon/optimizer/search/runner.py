@@ -254,9 +254,8 @@ def run_live_search(settings: Settings, run_id: int) -> SearchResult:
             )
             with store.session() as s:
                 st.repo.save_sensitivity(s, model.id, model.graph_hash or "", report.to_rows())
-            space = shape_space(
-                spec.model, profile, policy, sensitivity=report, histogram=histogram
-            )
+            space = shape_space(spec.model, profile, policy, sensitivity=report,
+                                histogram=histogram, example=inputs[0])
             settle(search, space, policy=policy, sensitivity=report, warm_start=warm)
         with store.session() as s:
             st.repo.update_search_run(
