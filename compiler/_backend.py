@@ -121,7 +121,20 @@ NO_BUFFER_PLANNING = {"allow_buffer_reuse": False, "inplace_buffers": False}
 QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
-def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, Any]:
+#: Epilogue fusion off for max-autotune where float linears sit beside pt2e int8 ones. With
+#: its C++ GEMM templates (torch 2.13), an fp32 linear whose output feeds an int8 static
+#: linear gets the next layer's quantize (fp32 -> uint8) fused into its epilogue, and that
+#: kernel corrupts the heap: ``malloc(): invalid size (unsorted)`` or ``free(): invalid
+#: pointer`` on the first calls, every time, for a 3-layer MLP with one int8 layer (and the
+#: native crashes of searches on ``nn.TransformerEncoder`` and a dataclass-output MLP, each
+#: in a mixed fp32/bf16 + int8 static max-autotune trial). All layers int8 static, or the
+#: same mix in the default mode, run clean under glibc's heap checker; so does the mix with
+#: this flag off.
+NO_QUANT_EPILOGUE = {"epilogue_fusion": False}
+
+
+def compile_options(part: Backend, *, freezing: bool = True,
+                    float_beside_int8: bool = False) -> dict[str, Any]:
     options: dict[str, Any] = {"freezing": freezing}
     if part.mode == "max-autotune":
         from torch._inductor import list_mode_options
@@ -129,7 +142,15 @@ def compile_options(part: Backend, *, freezing: bool = True) -> dict[str, Any]:
         options.update(list_mode_options("max-autotune"))
         options.update(NO_BUFFER_PLANNING)
         options.update(QUIET_AUTOTUNE)
+        if float_beside_int8:
+            options.update(NO_QUANT_EPILOGUE)
     return options
+
+
+def _options(part: Backend, ctx: BuildContext, *, freezing: bool = True) -> dict[str, Any]:
+    """:func:`compile_options` for what the build made of the model so far."""
+    return compile_options(part, freezing=freezing,
+                           float_beside_int8=bool(ctx.state.get("float_beside_int8")))
 
 
 _OP = re.compile(r"torch\.ops\.(\w+)\.(\w+)|extern_kernels\.(\w+)")
@@ -204,9 +225,9 @@ def _compile_memory(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Mo
     dynamic = ctx.state.get("dynamic_dim") is not None
     if not blocks:
         ctx.report.notes.append("memory partition: no repeated blocks; compiled whole, unfrozen")
-        return inductor(model, compile_options(part, freezing=False), dynamic)
+        return inductor(model, _options(part, ctx, freezing=False), dynamic)
     for parent, name, block in blocks:
-        compiled = inductor(block, compile_options(part, freezing=False), dynamic)
+        compiled = inductor(block, _options(part, ctx, freezing=False), dynamic)
         if isinstance(parent, nn.ModuleList | nn.Sequential) and name.isdigit():
             parent[int(name)] = compiled
         else:
@@ -224,7 +245,7 @@ def _try_aoti(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Module |
     from compiler._aoti import to_aoti
 
     try:
-        packaged = to_aoti(model, compile_options(part), ctx)
+        packaged = to_aoti(model, _options(part, ctx), ctx)
     except Exception as exc:  # noqa: BLE001 - torch.compile serves it instead
         text = str(exc).strip().splitlines()
         why = f"{type(exc).__name__}: {text[0][:200] if text else ''}"
@@ -280,7 +301,7 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
                 "memory partition does not apply to a pt2e graph (its int8 kernels need "
                 "frozen, prepacked weights); compiled whole"
             )
-        options = compile_options(part)
+        options = _options(part, ctx)
         dynamic = ctx.state.get("dynamic_dim") is not None
         if pt2e:
             options.pop("freezing")  # set globally around each call instead (see module doc)

@@ -201,6 +201,7 @@ def quantize(model: nn.Module, part: Quantization, ctx: BuildContext) -> nn.Modu
                         "quantizer matches plain aten.linear/conv only; kept fp32",
                     )
         dtypes = {n: _DTYPES[plan[n].precision] for n in halves}
+        ctx.state["float_beside_int8"] = bool(keep_float)  # see _backend.NO_QUANT_EPILOGUE
         model = quantize_pt2e(model, pt2e_plan, keep_float, default, ctx, dtypes)
         cast = ctx.state.get("cast", set())
         for name, mod in halves.items():
