@@ -2,7 +2,8 @@
 transformer layers, dict and tuple outputs, keyword inputs, recurrent layers, depthwise
 convolutions with a squeeze-excite gate, an ``EmbeddingBag`` over integer ids, a branch on
 the input's values, a dataclass output, a list of tensors in, hand-written causal attention
-over ``F.scaled_dot_product_attention`` with an RMS norm. Each is
+over ``F.scaled_dot_product_attention`` with an RMS norm, a model served in bfloat16, a model
+that returns class ids. Each is
 trained on scikit-learn's bundled digits (no download), seeded and single-threaded, so every
 process builds bit-identical weights (a live search checks that by fingerprint).
 
@@ -22,7 +23,7 @@ from torch import nn
 from pgc_daemon.examples.digits import accuracy, data, train
 
 SPECS = ("encoder", "dict_out", "conv1d", "gru", "mobile", "bag", "branchy", "dataclass_out",
-         "list_in", "causal")
+         "list_in", "causal", "half", "labels_out")
 
 
 class Encoder(nn.Module):
@@ -206,6 +207,18 @@ class Causal(nn.Module):
         return self.head(h[:, -1])
 
 
+class LabelsOut(nn.Module):
+    """Returns the predicted class ids (int64) beside the probabilities."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = self.net(x).softmax(-1)
+        return probs.argmax(-1), probs
+
+
 def _ids(x: torch.Tensor) -> torch.Tensor:
     return (x.reshape(x.shape[0], 64) * 16).round().long() + 17 * torch.arange(64)
 
@@ -232,6 +245,8 @@ _MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, torch.Ten
     "dataclass_out": (DataclassOut, lambda m, x: m(x).logits),
     "list_in": (ListIn, lambda m, x: m(_views(x))),
     "causal": (Causal, lambda m, x: m(x)),
+    "half": (Conv1dNet, lambda m, x: m(x)),
+    "labels_out": (LabelsOut, lambda m, x: m.net(x)),
 }
 
 
@@ -293,3 +308,15 @@ def list_in() -> dict[str, Any]:
 
 def causal() -> dict[str, Any]:
     return _spec("causal", 4, lambda x: (x,))
+
+
+def half() -> dict[str, Any]:
+    """The conv1d model as a user serving in bfloat16 has it: weights and inputs cast."""
+    spec = _spec("half", 4, lambda x: (x.to(torch.bfloat16),))
+    return {**spec, "model": spec["model"].to(torch.bfloat16)}
+
+
+def labels_out() -> dict[str, Any]:
+    """No accuracy function: pgc compares the ids (exactly) and the probabilities."""
+    spec = _spec("labels_out", 8, lambda x: (x,))
+    return {"model": spec["model"], "example_inputs": spec["example_inputs"]}
