@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from compiler import Hardware, LayerSensitivity, SensitivityReport
 from pgc_daemon.optimizer.search.baselines import (
+    BROKEN,
     LADDER_RUNGS,
     baselines_for,
     ranked_out,
@@ -125,6 +126,30 @@ def test_a_backend_far_behind_the_fastest_is_ranked_out(mlp_spec) -> None:
     near = [_record(space, space.params("int8-dynamic-pc", "onnxruntime"), 4, 0.85)]
     assert ranked_out(near, space.backends) == {}  # 1/0.85 < 1.25: eager stays
     assert ranked_out([], space.backends) == {}
+
+
+def test_a_backend_whose_builds_all_failed_is_ranked_out(mlp_spec) -> None:
+    """Two failed builds and none that built: the backend fails for the model (a traced
+    branch, an output export cannot flatten), so no more trials go to it."""
+    space = build_space(mlp_spec["model"], PROFILE, HW, max_hot=1,
+                        backends=("inductor", "onnxruntime", "openvino"))
+    ok = _record(space, space.params("int8-static-pc", "inductor"), 0, 0.5)
+
+    def failed(backend: str, number: int, default: str = "int8-dynamic-pc") -> TrialRecord:
+        rec = _record(space, space.params(default, backend), number, 1.0)
+        rec.state, rec.ratio, rec.feasible = "failed", None, False
+        return rec
+
+    once = [ok, failed("onnxruntime", 1)]
+    assert ranked_out(once, space.backends) == {}  # one failure may be the recipe's
+    twice = once + [failed("onnxruntime", 2, "int8-static-pc")]
+    assert ranked_out(twice, space.backends) == {("backend", "onnxruntime"): BROKEN}
+    # a backend that built once stays whatever failed beside it
+    built = twice + [failed("openvino", 3), failed("openvino", 4, "int8-static-pc"),
+                     _record(space, space.params("int8-static-pc", "openvino"), 5, 0.55)]
+    assert ("backend", "openvino") not in ranked_out(built, space.backends)
+    # with no feasible trial at all the broken backend is still ranked out
+    assert ranked_out(twice[1:], space.backends) == {("backend", "onnxruntime"): BROKEN}
 
 
 def test_the_sampler_is_not_given_trials_on_a_ranked_out_backend(mlp_spec) -> None:

@@ -37,6 +37,12 @@ GENTLE_ORDER = ("bf16", "fp16", "int8-weight_only-pc", "int8-dynamic-pc", "int8-
 #: A backend or default choice whose fastest feasible trial is this much slower than the
 #: fastest of any is no longer sampled for ``fastest`` (:func:`ranked_out`)
 RANK_OUT = 1.25
+#: a backend whose first builds all failed, this many of them, takes no more trials: they
+#: fail for the model, not the recipe (a trace that fixed a branch, an output type export
+#: cannot flatten: 3 of 12 trials each on bench/foreign.py's branchy and dataclass_out)
+BROKEN_AFTER = 2
+#: the slowdown a broken backend is ranked out with (what the sampler is told)
+BROKEN = 100.0
 #: How many rungs the ladder has at most, the fastest end included: the rest of a default
 #: budget (12 trials) is the sampler's.
 LADDER_RUNGS = 6
@@ -160,13 +166,14 @@ def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[
     TPE still sampled eager int8 (0.4-0.6x) in a third of its trials. On MiniLM with six hot
     layers and a strict budget, half of TPE's samples and the incumbent's first neighbor kept
     the default in fp32 (1.5-1.8x) once int8 defaults stood at 2.5-3.4x."""
+    broken = {("backend", b): BROKEN for b in _broken(records)}
     feasible = [(r, Recipe.from_dict(r.recipe).backend.label()) for r in records
                 if r.state == "complete" and r.feasible and r.ratio]
     best: dict[Choice, float] = {("backend", "eager"): 1.0} if "eager" in backends else {}
     for r, backend in feasible:
         best[("backend", backend)] = min(best.get(("backend", backend), r.ratio), r.ratio)
     if not best:
-        return {}
+        return broken
     fastest = min(best.values())
     # a default is judged on the fastest backend only (seen only on a slower backend, the
     # backend may be what is slow): judged on any, TPE without baselines on MiniLM at a drop
@@ -177,7 +184,21 @@ def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[
         if backend == on and default is not None:
             key = ("default", str(default))
             best[key] = min(best.get(key, r.ratio), r.ratio)
-    return {c: ratio / fastest for c, ratio in best.items() if ratio > RANK_OUT * fastest}
+    return broken | {c: ratio / fastest for c, ratio in best.items()
+                     if ratio > RANK_OUT * fastest}
+
+
+def _broken(records: Sequence[TrialRecord]) -> list[str]:
+    """Backends with :data:`BROKEN_AFTER` failed builds or more and none that built."""
+    failed: dict[str, int] = {}
+    built: set[str] = set()
+    for r in records:
+        backend = Recipe.from_dict(r.recipe).backend.label()
+        if r.state == "failed":
+            failed[backend] = failed.get(backend, 0) + 1
+        else:
+            built.add(backend)
+    return [b for b, n in failed.items() if n >= BROKEN_AFTER and b not in built]
 
 
 def slowdown(out: Mapping[Choice, float], params: Mapping[str, Any],
