@@ -150,6 +150,14 @@ def test_a_backend_whose_builds_all_failed_is_ranked_out(mlp_spec) -> None:
     assert ("backend", "openvino") not in ranked_out(built, space.backends)
     # with no feasible trial at all the broken backend is still ranked out
     assert ranked_out(twice[1:], space.backends) == {("backend", "onnxruntime"): BROKEN}
+    # one converter, two labels: failures of openvino and openvino-f32 add up
+    both = build_space(mlp_spec["model"], PROFILE, HW, max_hot=1,
+                       backends=("inductor", "openvino", "openvino-f32"))
+    ov = [ok, failed("openvino", 1)]
+    rec = _record(both, both.params("int8-static-pc", "openvino-f32"), 2, 1.0)
+    rec.state, rec.ratio, rec.feasible = "failed", None, False
+    assert ranked_out(ov + [rec], both.backends) == {("backend", "openvino"): BROKEN,
+                                                     ("backend", "openvino-f32"): BROKEN}
 
 
 def test_the_sampler_is_not_given_trials_on_a_ranked_out_backend(mlp_spec) -> None:

@@ -166,7 +166,8 @@ def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[
     TPE still sampled eager int8 (0.4-0.6x) in a third of its trials. On MiniLM with six hot
     layers and a strict budget, half of TPE's samples and the incumbent's first neighbor kept
     the default in fp32 (1.5-1.8x) once int8 defaults stood at 2.5-3.4x."""
-    broken = {("backend", b): BROKEN for b in _broken(records)}
+    kinds = _broken(records)
+    broken = {("backend", b): BROKEN for b in backends if b.split("-")[0] in kinds}
     feasible = [(r, Recipe.from_dict(r.recipe).backend.label()) for r in records
                 if r.state == "complete" and r.feasible and r.ratio]
     best: dict[Choice, float] = {("backend", "eager"): 1.0} if "eager" in backends else {}
@@ -189,11 +190,12 @@ def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[
 
 
 def _broken(records: Sequence[TrialRecord]) -> list[str]:
-    """Backends with :data:`BROKEN_AFTER` failed builds or more and none that built."""
+    """Backend kinds (``openvino`` for ``openvino`` and ``openvino-f32``: one converter) with
+    :data:`BROKEN_AFTER` failed builds or more and none that built."""
     failed: dict[str, int] = {}
     built: set[str] = set()
     for r in records:
-        backend = Recipe.from_dict(r.recipe).backend.label()
+        backend = Recipe.from_dict(r.recipe).backend.kind
         if r.state == "failed":
             failed[backend] = failed.get(backend, 0) + 1
         else:
