@@ -136,7 +136,7 @@ def test_trials_carry_the_policy_version_their_run_was_queued_under(
         if t.state == "complete":
             assert t.feasible == ((t.accuracy_drop or 0.0) <= 0.02)
     study = optuna.load_study(study_name="study-a", storage=settings.optuna_storage())
-    records = [t.user_attrs["record"] for t in study.trials if "record" in t.user_attrs]
+    records = [t.user_attrs["record"] for t in study.trials if t.user_attrs.get("record")]
     assert records and {r["policy_version"] for r in records} == {1}
 
 
@@ -176,7 +176,8 @@ def test_budgets_continue_the_study_and_study_terms_start_a_new_one(
 
     def evaluated(name: str) -> int:
         study = optuna.load_study(study_name=name, storage=settings.optuna_storage())
-        return sum(1 for t in study.trials if "record" in t.user_attrs and not t.user_attrs["record"]["duplicate"])
+        return sum(1 for t in study.trials
+                   if t.user_attrs.get("record") and not t.user_attrs["record"]["duplicate"])
 
     try:
         with Load(served, mlp_spec["model"], inputs, threads=1):
