@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from compiler import Recipe, SensitivityReport
+from compiler import Backend, Recipe, SensitivityReport
 from pgc_daemon.optimizer.search.results import TrialRecord
 from pgc_daemon.optimizer.search.space import LAYER_PREFIX, SAFE, Space
 from pgc_daemon.policy import Policy
@@ -167,7 +167,7 @@ def ranked_out(records: Sequence[TrialRecord], backends: Sequence[str]) -> dict[
     layers and a strict budget, half of TPE's samples and the incumbent's first neighbor kept
     the default in fp32 (1.5-1.8x) once int8 defaults stood at 2.5-3.4x."""
     kinds = _broken(records)
-    broken = {("backend", b): BROKEN for b in backends if b.split("-")[0] in kinds}
+    broken = {("backend", b): BROKEN for b in backends if Backend.parse(b).kind in kinds}
     feasible = [(r, Recipe.from_dict(r.recipe).backend.label()) for r in records
                 if r.state == "complete" and r.feasible and r.ratio]
     best: dict[Choice, float] = {("backend", "eager"): 1.0} if "eager" in backends else {}

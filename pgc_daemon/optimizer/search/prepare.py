@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from compiler import (CompileCache, Example, Recipe, SensitivityReport, probe, sensitivity,
-                      untraceable_inputs)
+from compiler import (Backend, CompileCache, Example, Recipe, SensitivityReport, probe,
+                      sensitivity, untraceable_inputs)
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.baselines import baselines_for
@@ -189,7 +189,7 @@ def taking_inputs(backends: tuple[str, ...], base: nn.Module,
     why = untraceable_inputs(base, example) if example is not None else None
     if why is None:
         return backends
-    out = tuple(b for b in backends if not b.startswith(TRACED))
+    out = tuple(b for b in backends if Backend.parse(b).kind not in TRACED)
     if out != backends:
         log.warning("%s left out of the search: %s", ", ".join(sorted(set(backends) - set(out))),
                     why)
