@@ -34,6 +34,11 @@ Estimators (fractions of plain serving time; 0.005 = 0.5%):
 Concurrent case (``concurrent`` in the JSON, :mod:`_concurrent_sampling`): 4 request threads
 while a fifth has every call sampled, the overhead on the unsampled threads.
 
+Agent case (``agent`` in the JSON, :mod:`_agent_cost`): everything serving through
+``pgc_daemon.attach`` adds to a call (the profiler's steps and the agent's own bookkeeping),
+against calling the model, and the agent's threads. The CPU (name, ISA flags) is in
+``settings.isa``.
+
     python bench/profiler_overhead.py [--rounds 300] [--cnn-rounds 6000] [--phases 6] [--json]
 """
 
@@ -59,7 +64,9 @@ import store as st  # noqa: E402
 from pgc_daemon.agent.rows import window_rows  # noqa: E402
 from profiler import Profiler, ProfilerConfig, Window  # noqa: E402
 
+from _agent_cost import agent_cost  # noqa: E402
 from _concurrent_sampling import REQUEST_THREADS, concurrent  # noqa: E402
+from threads import cpu_isa  # noqa: E402
 
 _tt = time.thread_time_ns
 _pc = time.perf_counter_ns
@@ -346,6 +353,14 @@ def render(results: dict[str, Any]) -> None:
                 f"charged to the sampled calls {c['charged_ms']:.0f} ms against {c['measured_extra_ms']:.0f} ms "
                 f"measured on the other threads"
             )
+    for name, r in results.items():
+        a = r.get("agent") if isinstance(r, dict) else None
+        if a:
+            lo, hi = a["overhead_ci95"]
+            console.print(
+                f"{name}, agent (served through attach vs the model): {a['us_per_call']:.1f} µs a "
+                f"call (median), {a['overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] of serving CPU, "
+                f"its threads {a['background']:.2%}")
     console.print(
         "default: begin/end timed in place on unsampled calls + paired difference on sampled "
         "calls + the profiler's threads (their CPU clocks); direct: sum(instrumented)/sum(plain) "
@@ -381,7 +396,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     results: dict[str, Any] = {
         "settings": {"threads": args.threads, "torch": torch.__version__,
-                     "load_avg": os.getloadavg()[0], "cores": os.cpu_count()},
+                     "load_avg": os.getloadavg()[0], "cores": os.cpu_count(), "isa": cpu_isa()},
     }
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -400,6 +415,8 @@ def main() -> int:
             log(f"{name}: the same with process-wide hooks (no twin)")
             res["concurrent_process_wide"] = concurrent(model, inputs, args.phases,
                                                         args.phase_s, hook_twin=False)
+            log(f"{name}: agent: served through attach vs the model, {rounds} interleaved rounds")
+            res["agent"] = agent_cost(name, model, inputs, rounds)
             results[name] = res
             log(f"{name}: default {res['default_overhead']:.3%}, 100% {res['full_overhead']:.1%}, "
                 f"torch.profiler {res['torch_profiler_overhead']:.1%}")

@@ -5,18 +5,24 @@ Reservoir sampling (Algorithm R) with a floor on the replacement rate: once ``st
 calls have been seen, every call keeps at least ``capacity / stale_after`` odds of entering,
 so the sample follows traffic that drifts instead of freezing on the first hours.
 
+Every call is offered, so an offer the reservoir does not take costs one comparison: once
+it is full, the index of the next call it takes is drawn in advance (a geometric skip at the
+current odds, thinned to the lower odds of the calls in between: the same law as a draw per
+call). Until then every call is taken.
+
 Bounded twice: by count (``capacity``, the ``reservoir_size`` setting) and by bytes
 (``max_bytes``, :data:`MAX_BYTES` unless given). The count alone is no bound on memory: 128
 batches of images can be gigabytes, copied out of the requests into the serving process and
 rewritten whole to the store every 30 s. Once the bytes are at the bound the reservoir
 stops growing and only replaces (so it holds fewer, larger inputs), a replacement that would
 pass the bound evicts other inputs at random, and one input larger than the whole bound is
-not kept (counted in ``too_large``).
+not kept (a call drawn to be taken whose inputs are: counted in ``too_large``).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import random
 import threading
 from typing import Any
@@ -77,6 +83,8 @@ class InputReservoir:
         self._bytes = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        #: the index (``seen``) of the next call taken: every call until the reservoir is full
+        self._next = 1
 
     @property
     def nbytes(self) -> int:
@@ -84,21 +92,27 @@ class InputReservoir:
         return self._bytes
 
     def offer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Maybe keep this call's inputs (copied, so the caller may reuse its tensors)."""
+        """Maybe keep this call's inputs (copied, so the caller may reuse its tensors). On the
+        request path: a call not taken costs an increment and a comparison (``seen`` is
+        counted without a lock: request threads racing may drop an increment, never a call's
+        answer)."""
+        self.seen += 1
+        if self.seen >= self._next:
+            self._take(args, kwargs)
+
+    def _take(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         size = _nbytes(args) + _nbytes(kwargs)
         with self._lock:
-            self.seen += 1
+            seen = self.seen
             if size > self.max_bytes:
                 self.too_large += 1
+                self._next = seen + 1
                 return
             n = len(self._items)
             if n < self.capacity and self._bytes + size <= self.max_bytes:
                 slot = n
-            else:  # full, by count or by bytes: replace one with odds n / seen
-                j = self._rng.randrange(min(self.seen, self.stale_after))
-                if j >= n:
-                    return
-                slot = j
+            else:  # full, by count or by bytes: replace one, at random (this call's odds were
+                slot = self._rng.randrange(n)  # n / seen, drawn in advance)
         item = (_detach(tuple(args)), _detach(dict(kwargs)))
         with self._lock:
             if slot < len(self._items):
@@ -111,6 +125,27 @@ class InputReservoir:
             self._bytes += size
             self._evict(keep=slot)
             self.version += 1
+            full = len(self._items) >= self.capacity or self._bytes + size > self.max_bytes
+            self._next = self._next_taken(seen) if full else seen + 1
+
+    def _odds(self, index: int) -> float:
+        """The odds the call numbered ``index`` is taken when full: n / seen, at least
+        n / ``stale_after``."""
+        return min(1.0, len(self._items) / min(index, self.stale_after))
+
+    def _next_taken(self, after: int) -> int:
+        """The index of the next call taken when full, after call ``after``: a geometric skip
+        at the odds of the call after it (the highest of those to come, as odds fall with
+        ``seen``), thinned to the odds at the call it lands on. Under the lock."""
+        rng, index = self._rng, after
+        while True:
+            bound = self._odds(index + 1)
+            if bound >= 1.0:
+                return index + 1
+            u = 1.0 - rng.random()  # in (0, 1]
+            index += 1 + int(math.log(u) / math.log1p(-bound))
+            if rng.random() * bound < self._odds(index):
+                return index
 
     def _evict(self, keep: int | None = None) -> None:
         """Drop inputs at random (never ``keep``) until within both bounds; under the lock."""
@@ -154,3 +189,6 @@ class InputReservoir:
             self._evict()
             self.seen = max(seen or 0, len(self._items))
             self.version += 1
+            n = len(self._items)
+            full = n >= self.capacity or (n > 0 and self._bytes + max(self._sizes) > self.max_bytes)
+            self._next = self._next_taken(self.seen) if full else self.seen + 1

@@ -35,6 +35,7 @@ from profiler import Profiler, ProfilerConfig
 
 log = logging.getLogger("pgc.agent")
 _perf_ns = time.perf_counter_ns
+_inference_mode_on = torch.is_inference_mode_enabled
 
 
 class ServedModel(Lifecycle):
@@ -52,7 +53,9 @@ class ServedModel(Lifecycle):
         self.last_variant_error: str | None = None
         self._failure: str | None = None
         self._ab_calls = 0
-        self._in_flight: set[object] = set()
+        #: one entry per call being served: list.append and list.pop are atomic (no lock on
+        #: the request path) and, unlike a set of per-call tokens, allocate and hash nothing
+        self._in_flight: list[None] = []
         self.swapper = Swapper(self)
         self.profiler = Profiler(profiler, sink=registry.export,  # quiet: no leak while deploying
                                  serving=lambda: self._slot.variant_id,
@@ -65,12 +68,12 @@ class ServedModel(Lifecycle):
         self.tuner = tuner_for(self.executor, self.profiler, enabled=self.settings.thread_tuning)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call = object()
-        self._in_flight.add(call)  # set.add/discard are atomic: no lock on the request path
+        in_flight = self._in_flight
+        in_flight.append(None)
         try:
             return self._submit(args, kwargs)
         finally:
-            self._in_flight.discard(call)
+            in_flight.pop()
 
     def serving_now(self) -> bool:
         """Whether a request is being served now (background work yields; not ``swapper.busy``)."""
@@ -81,15 +84,20 @@ class ServedModel(Lifecycle):
         if slot.control is not None:  # canary: alternate blocks of calls with the control
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
-        use = self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
+        use = None  # calls inline on request threads: nothing tuned (see ``tuner_for``)
+        if self.executor is not None:
+            use = self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None
         module = slot.module if token is None else slot.twin or token.module  # see twins
         fallback, t0 = False, _perf_ns()
         try:
-            with torch.inference_mode():
+            if _inference_mode_on():  # the caller's own (entering it again costs 1-4 µs)
                 out = module(*args, **kwargs)
+            else:
+                with torch.inference_mode():
+                    out = module(*args, **kwargs)
         except Exception as exc:
             if token is not None:
                 prof.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
@@ -112,9 +120,12 @@ class ServedModel(Lifecycle):
         self.calls += 1
         try:
             if steady and token is None and not fallback:  # hooks would bias the comparison
-                if use is None or use.decided:  # as the variant serves, not while probed
+                if use is None:
                     self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
-                self.tuner.record(use, elapsed / 1e6)
+                else:
+                    if use.decided:  # as the variant serves, not while probed
+                        self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
+                    self.tuner.record(use, elapsed / 1e6)
             self.reservoir.offer(args, kwargs)
             if self.live.shadow_wanted > 0 and not fallback and slot is self._slot:
                 self.live.offer_shadow(slot.variant_id, args, kwargs, out)

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import torch
 
 from pgc_daemon import attach
@@ -113,3 +114,38 @@ def test_overlapping_deployments_restore_the_switch_interval() -> None:
         assert sys.getswitchinterval() < original  # the other swapper left; this one still runs
     t.join(5)
     assert sys.getswitchinterval() == original
+
+
+def test_every_call_runs_in_inference_mode_and_leaves_the_busy_count_as_it_was(
+        mlp_spec: dict[str, Any], settings: Settings) -> None:
+    """The request path enters inference mode only where the caller is not in it (entering it
+    again cost 1-4 µs a call), and counts a call in flight until it returns or raises."""
+    modes: list[bool] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            modes.append(torch.is_inference_mode_enabled())
+            if x.shape[0] == 3:
+                raise ValueError("the caller's bad input")
+            return self.inner(x)
+
+    served = attach(Probe(mlp_spec["model"]), name="probe", settings=settings)
+    try:
+        x = mlp_spec["example_inputs"][0][0]
+        out = served(x)  # the caller in no mode
+        assert not out.requires_grad and out.is_inference()
+        with torch.no_grad():
+            assert served(x).is_inference()
+        with torch.inference_mode():
+            assert served(x).is_inference()
+        assert modes == [True, True, True] and not torch.is_inference_mode_enabled()
+        for _ in range(3):
+            with pytest.raises(ValueError, match="bad input"):
+                served(x[:3])
+        assert not served.serving_now() and served._in_flight == []
+    finally:
+        served.close()

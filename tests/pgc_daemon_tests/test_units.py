@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -99,6 +100,28 @@ def test_reservoir_is_bounded_copies_inputs_and_round_trips() -> None:
     again = InputReservoir.deserialize(r.serialize())
     assert [int(a[0][0, 0]) for a, _ in again] == [int(a[0][0, 0]) for a, _ in r.snapshot()]
     assert torch.equal(again[0][1]["mask"], torch.ones(1, 4))
+
+
+def test_the_skip_drawn_in_advance_keeps_every_call_s_odds() -> None:
+    """Calls not taken are skipped by a count drawn in advance: the final sample is still
+    uniform over the calls seen (each in it with odds capacity / calls), and past
+    ``stale_after`` calls each is taken with odds capacity / stale_after."""
+    k, n, runs = 4, 120, 3000
+    hits = np.zeros(n)
+    for seed in range(runs):
+        r = InputReservoir(capacity=k, stale_factor=1000, seed=seed)
+        for i in range(n):
+            r.offer((torch.tensor([i]),), {})
+        hits[[int(a[0]) for a, _ in r.snapshot()]] += 1
+    assert r.seen == n
+    deciles = hits.reshape(10, -1).sum(axis=1) / runs  # expected k / 10 = 0.4 each
+    assert np.all(np.abs(deciles - k / 10) < 0.05), deciles
+    # the floor: 4 / 40 odds a call once 40 have been seen, so ~1 000 of 10 000 are taken
+    r = InputReservoir(capacity=4, stale_factor=10, seed=0)
+    x = torch.zeros(1)
+    for _ in range(10_040):
+        r.offer((x,), {})
+    assert 900 < r.version < 1100 and r.seen == 10_040
 
 
 def test_reservoir_keeps_following_traffic_that_drifts() -> None:
