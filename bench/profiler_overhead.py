@@ -359,7 +359,8 @@ def render(results: dict[str, Any]) -> None:
             lo, hi = a["overhead_ci95"]
             console.print(
                 f"{name}, agent (served through attach vs the model): {a['us_per_call']:.1f} µs a "
-                f"call (median), {a['overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] of serving CPU, "
+                f"call (median; {a['us_per_call_ci95'][0]:.1f}-{a['us_per_call_ci95'][1]:.1f}), "
+                f"{a['overhead']:+.2%} [{lo:+.2%}, {hi:+.2%}] of serving CPU, "
                 f"its threads {a['background']:.2%}")
     console.print(
         "default: begin/end timed in place on unsampled calls + paired difference on sampled "

@@ -23,6 +23,8 @@ def test_the_agent_case_measures_a_real_attached_model() -> None:
     assert r["rounds"] == 400 and 300 <= r["rounds_used"] <= 400
     lo, hi = r["overhead_ci95"]
     assert lo <= r["overhead"] <= hi
+    lo, hi = r["us_per_call_ci95"]
+    assert lo <= r["us_per_call"] <= hi
     # the served path does more than the plain call, and well under a millisecond more
     assert 0 < r["us_per_call"] < 1000
     assert r["background"] >= 0
