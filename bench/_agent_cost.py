@@ -16,7 +16,7 @@ inference mode (as a server calls a model). Compared: this thread's CPU time per
 - ``background``: the CPU of every other thread of the process over the measured rounds (the
   agent's: profiler ticker and exporter, registry, swapper), over plain serving time. The
   model is served half the time here, so time-driven work weighs about twice what it does
-  on a server busy all the time.
+  on a server busy all the time; ``thread_cpu_ms`` splits it by thread over the rounds.
 """
 
 from __future__ import annotations
@@ -44,11 +44,18 @@ def _bootstrap(instr: np.ndarray, plain: np.ndarray, n: int = 2000) -> tuple[lis
             [float(v) for v in np.percentile(medians, (2.5, 97.5))])
 
 
-def _thread_cpu_ns(thread: threading.Thread) -> int:
-    try:
-        return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident or 0))
-    except (OSError, ProcessLookupError):
-        return 0
+def _threads_cpu_ns() -> dict[str, int]:
+    """CPU ns of every other live thread of the process, by name (their own clocks)."""
+    out: dict[str, int] = {}
+    for t in threading.enumerate():
+        if t is threading.current_thread() or t.ident is None:
+            continue
+        try:
+            ns = time.clock_gettime_ns(time.pthread_getcpuclockid(t.ident))
+        except (OSError, ProcessLookupError):
+            continue  # ended meanwhile
+        out[t.name] = out.get(t.name, 0) + ns
+    return out
 
 
 def agent_cost(name: str, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
@@ -76,6 +83,7 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
         for i in range(max(20, rounds // 20)):  # the first window, caches, the allocator
             for fn in arms.values():
                 fn(*inputs[i % len(inputs)])
+        before = _threads_cpu_ns()
         p0, t0 = time.process_time_ns(), _tt()
         for r in range(rounds):
             args = inputs[r % len(inputs)]
@@ -87,8 +95,10 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
                 fn(*args)
                 cpu[a][r] = _tt() - c
         background_ns = (time.process_time_ns() - p0) - (_tt() - t0)
-        by_thread = {t.name: _thread_cpu_ns(t) for t in threading.enumerate()
-                     if t is not threading.current_thread()}
+        after = _threads_cpu_ns()
+    by_thread = {name: ns - before.get(name, 0) for name, ns in after.items()}
+    # threads that ran and ended within the rounds (short-lived background work)
+    by_thread["(ended threads)"] = max(0, background_ns - sum(by_thread.values()))
     plain, instr = cpu["plain"], cpu["served"]
     ok = (plain < 3 * np.median(plain)) & (instr < 3 * np.median(instr))  # preempted rounds
     ratio_ci, us_ci = _bootstrap(instr[ok], plain[ok])
@@ -103,5 +113,5 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
         "overhead_ci95": ratio_ci,
         "background": float(background_ns / plain.sum()),
         "sampled_calls": int(status["sampled"]),
-        "thread_cpu_ms": {k: v / 1e6 for k, v in sorted(by_thread.items()) if v},
+        "thread_cpu_ms": {k: v / 1e6 for k, v in sorted(by_thread.items()) if v},  # in the rounds
     }
