@@ -113,5 +113,6 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
         "overhead_ci95": ratio_ci,
         "background": float(background_ns / plain.sum()),
         "sampled_calls": int(status["sampled"]),
+        "registered": served.model_id is not None,  # measured as it serves once registered
         "thread_cpu_ms": {k: v / 1e6 for k, v in sorted(by_thread.items()) if v},  # in the rounds
     }

@@ -28,4 +28,5 @@ def test_the_agent_case_measures_a_real_attached_model() -> None:
     # the served path does more than the plain call, and well under a millisecond more
     assert 0 < r["us_per_call"] < 1000
     assert r["background"] >= 0
-    assert any(name.startswith("pgc-swapper") for name in r["thread_cpu_ms"])  # registered
+    assert r["registered"]
+    assert all(ms > 0 for ms in r["thread_cpu_ms"].values())
