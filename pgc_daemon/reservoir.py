@@ -106,7 +106,7 @@ class InputReservoir:
             seen = self.seen
             if size > self.max_bytes:
                 self.too_large += 1
-                self._next = seen + 1
+                self._schedule(seen, size)
                 return
             n = len(self._items)
             if n < self.capacity and self._bytes + size <= self.max_bytes:
@@ -125,8 +125,15 @@ class InputReservoir:
             self._bytes += size
             self._evict(keep=slot)
             self.version += 1
-            full = len(self._items) >= self.capacity or self._bytes + size > self.max_bytes
-            self._next = self._next_taken(seen) if full else seen + 1
+            self._schedule(seen, size)
+
+    def _schedule(self, seen: int, size: int) -> None:
+        """Set the next call taken after call ``seen``: the next one while there is room (for
+        another input of ``size`` bytes), else one drawn at the odds of reservoir sampling.
+        Under the lock."""
+        n = len(self._items)
+        full = n >= self.capacity or self._bytes + size > self.max_bytes
+        self._next = self._next_taken(seen) if full and n else seen + 1
 
     def _odds(self, index: int) -> float:
         """The odds the call numbered ``index`` is taken when full: n / seen, at least
@@ -189,6 +196,4 @@ class InputReservoir:
             self._evict()
             self.seen = max(seen or 0, len(self._items))
             self.version += 1
-            n = len(self._items)
-            full = n >= self.capacity or (n > 0 and self._bytes + max(self._sizes) > self.max_bytes)
-            self._next = self._next_taken(self.seen) if full else self.seen + 1
+            self._schedule(self.seen, max(self._sizes, default=0))

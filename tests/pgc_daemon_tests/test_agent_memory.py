@@ -91,6 +91,30 @@ def test_the_reservoir_is_bounded_in_bytes() -> None:
     assert again.nbytes <= 300 * 1024 and len(again) >= 1
 
 
+def test_an_input_too_large_to_keep_takes_nothing_with_it() -> None:
+    """A call drawn to be taken whose input is too large leaves the odds of the calls after
+    it as they were (it once made the next call certain to be taken), and a reservoir that
+    has only seen such inputs takes the first one that fits."""
+    r = InputReservoir(capacity=4, max_bytes=1024, seed=0)
+    huge, small = torch.zeros(1024), torch.zeros(4)
+    for _ in range(3):
+        r.offer((huge,), {})
+    assert r.too_large == 3 and len(r) == 0
+    r.offer((small,), {})
+    assert len(r) == 1
+    for _ in range(10_000):
+        r.offer((small,), {})
+    taken_after = 0
+    for _ in range(20):
+        too_large = r.too_large
+        while r.too_large == too_large:
+            r.offer((huge,), {})
+        version = r.version
+        r.offer((small,), {})
+        taken_after += r.version != version
+    assert taken_after <= 2  # odds about 4 / 10 000 each
+
+
 def test_attach_bounds_the_reservoir_by_the_default_byte_bound(mlp_spec: dict, settings: Settings) -> None:
     from pgc_daemon.reservoir import MAX_BYTES
 
