@@ -99,8 +99,8 @@ class Follower:
         gone (``kill -9``): at once, rather than after ``STALE_AFTER_S`` without heartbeat."""
         reg = self.served.registry
         with reg.store().session() as sess:
-            for dep in st.repo.list_deployments(sess, reg.id, limit=20):
-                if dep.state not in states.IN_FLIGHT or not dep.owner or dep.owner == self.replica_name:
+            for dep in st.repo.deployments_in(sess, reg.id, states.IN_FLIGHT):
+                if not dep.owner or dep.owner == self.replica_name:
                     continue
                 host, _, rest = dep.owner.partition(":")
                 pid = rest.partition(":")[0]

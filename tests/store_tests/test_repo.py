@@ -115,6 +115,25 @@ def test_transitions_are_recorded_in_order(any_store: st.Store) -> None:
         assert all(a.at <= b.at for a, b in zip(full.transitions, full.transitions[1:]))
 
 
+def test_deployments_in_states_are_found_however_old(any_store: st.Store) -> None:
+    """What a replica asks every poll (in-flight deployments of its host's dead processes):
+    the deployments in the states asked, oldest first, past any count of newer ones."""
+    mid = _model(any_store)
+    with any_store.session() as s:
+        old = repo.create_deployment(s, mid, None, source="manual", reason="old").id
+        repo.transition(s, old, "building", "claimed", expected={"candidate"})
+        for i in range(25):  # newer deployments that ended
+            d = repo.create_deployment(s, mid, None, source="manual", reason=f"n{i}").id
+            repo.transition(s, d, "cancelled", "no", expected={"candidate"})
+        new = repo.create_deployment(s, mid, None, source="manual", reason="new").id
+        repo.transition(s, new, "building", "claimed", expected={"candidate"})
+        waiting = repo.create_deployment(s, mid, None, source="manual", reason="waits").id
+    with any_store.session() as s:
+        assert [d.id for d in repo.deployments_in(s, mid, {"building", "canary"})] == [old, new]
+        assert [d.id for d in repo.deployments_in(s, mid, {"candidate"})] == [waiting]
+        assert repo.deployments_in(s, mid + 1000, {"building"}) == []
+
+
 def test_a_transition_is_a_compare_and_set(any_store: st.Store) -> None:
     """A move from a state the deployment is not in is refused and leaves nothing behind; of
     two sessions that both read ``candidate``, only the first to write moves it."""
