@@ -62,6 +62,14 @@ def wait_out_tracing() -> None:
         time.sleep(0.005)
 
 
+def call_after_tracing(module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+    """Serve a call again (in inference mode) once torch.fx tracing elsewhere in the process
+    is over: what a call that :func:`traced_while_serving` failed does."""
+    wait_out_tracing()
+    with torch.inference_mode():
+        return module(*args, **kwargs)
+
+
 def in_short_thread(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn`` in a thread that ends when it returns (and re-raise what it raised).
 

@@ -1,17 +1,15 @@
 """The request path: what ``served(...)`` does in the user's threads.
 
-- one read of one reference (``self._slot``) picks the module for the whole call, so a swap
-  never changes a call half way and in-flight calls finish on the module they started with;
-- nothing of pgc raises into the caller: profiling, reservoir and shadow capture swallow
-  their own errors, and when a pgc *variant* raises, the call is served again by the base
-  module (the user's own);
-- the variant is blamed only when the base then succeeds on the same input (a *fallback*:
-  the swapper reverts the variant or fails its canary). When the base raises too, the input
-  was bad: the caller gets the base's exception, unchanged (a *caller error*), and the
-  variant keeps serving; an exception from the user's own module is re-raised unchanged;
+- one read of one reference (``self._slot``) picks the module for the whole call: a swap
+  never changes a call half way, and in-flight calls finish on the module they started with;
+- nothing of pgc raises into the caller: profiling, reservoir and shadow capture swallow their
+  own errors; a pgc *variant* that raises is blamed only if the base module (the user's own)
+  then serves the call (a *fallback*: the swapper reverts the variant or fails its canary).
+  If the base raises too, the input was bad: the caller gets the base's exception unchanged
+  (a *caller error*, as from the user's own module), and the variant keeps serving;
 - the profiler's steps are inline (an unsampled call runs none of its Python: see
-  ``profiler._profiler``); everything slow runs on background threads. With an ``Executor``,
-  ``_serve`` runs on the model's inference thread, at the count ``ThreadTuner`` chose.
+  ``profiler._profiler``), and so is nothing else slow. With an ``Executor``, ``_serve`` runs
+  on the model's inference thread, at the count ``ThreadTuner`` chose.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from pgc_daemon.agent.executor import executor_for
 from pgc_daemon.agent.lifecycle import Lifecycle
 from pgc_daemon.agent.live import LiveRecord
 from pgc_daemon.agent.registry import Registry
-from pgc_daemon.agent.runtime import traced_while_serving, wait_out_tracing
+from pgc_daemon.agent.runtime import call_after_tracing, traced_while_serving
 from pgc_daemon.agent.slot import BASE_LABEL, Slot
 from pgc_daemon.agent.swapper import Swapper
 from pgc_daemon.agent.threadtune import tuner_for
@@ -53,9 +51,7 @@ class ServedModel(Lifecycle):
         self.last_variant_error: str | None = None
         self._failure: str | None = None
         self._ab_calls = 0
-        #: one entry per call being served: list.append and list.pop are atomic (no lock on
-        #: the request path) and, unlike a set of per-call tokens, allocate and hash nothing
-        self._in_flight: list[None] = []
+        self._in_flight: list[None] = []  # an entry a call served: append/pop are atomic
         self.swapper = Swapper(self)
         self.profiler = Profiler(profiler, sink=registry.export,  # quiet: no leak while deploying
                                  serving=lambda: self._slot.variant_id,
@@ -68,12 +64,11 @@ class ServedModel(Lifecycle):
         self.tuner = tuner_for(self.executor, self.profiler, enabled=self.settings.thread_tuning)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        in_flight = self._in_flight
-        in_flight.append(None)
+        self._in_flight.append(None)  # no lock, no allocation on the request path
         try:
             return self._submit(args, kwargs)
         finally:
-            in_flight.pop()
+            self._in_flight.pop()
 
     def serving_now(self) -> bool:
         """Whether a request is being served now (background work yields; not ``swapper.busy``)."""
@@ -84,9 +79,8 @@ class ServedModel(Lifecycle):
         if slot.control is not None:  # canary: alternate blocks of calls with the control
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
-        use = None  # calls inline on request threads: nothing tuned (see ``tuner_for``)
-        if self.executor is not None:
-            use = self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
+        use = (self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
+               if self.executor is not None else None)  # inline calls: nothing tuned
         prof, calls = self.profiler, self._calls
         mark = calls.mark()
         token = prof.sample(slot.module) if mark and slot.per_layer else None
@@ -105,7 +99,8 @@ class ServedModel(Lifecycle):
             try:
                 if not traced_while_serving(exc):
                     raise
-                out = self._after_tracing(slot.module, args, kwargs)
+                self.retries += 1
+                out = call_after_tracing(slot.module, args, kwargs)
             except Exception as again:
                 if slot.module is self.base:
                     self.caller_errors += 1
@@ -120,11 +115,9 @@ class ServedModel(Lifecycle):
         self.calls += 1
         try:
             if steady and token is None and not fallback:  # hooks would bias the comparison
-                if use is None:
+                if use is None or use.decided:  # as the variant serves, not while probed
                     self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
-                else:
-                    if use.decided:  # as the variant serves, not while probed
-                        self.live.latency_ms[slot.variant_id].append(elapsed / 1e6)
+                if use is not None:
                     self.tuner.record(use, elapsed / 1e6)
             self.reservoir.offer(args, kwargs)
             if self.live.shadow_wanted > 0 and not fallback and slot is self._slot:
@@ -132,13 +125,6 @@ class ServedModel(Lifecycle):
         except Exception:  # noqa: BLE001 - bookkeeping must never fail a request
             log.debug("agent bookkeeping failed", exc_info=True)
         return out
-
-    def _after_tracing(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
-        """Serve a call again once torch.fx tracing elsewhere in the process is over."""
-        self.retries += 1
-        wait_out_tracing()
-        with torch.inference_mode():
-            return module(*args, **kwargs)
 
     def _fallback(self, slot: Slot, exc: Exception, args: Any, kwargs: Any) -> Any:
         """Serve a call a variant failed with the base module (see the module docstring)."""
@@ -149,7 +135,8 @@ class ServedModel(Lifecycle):
             except Exception as again:
                 if not traced_while_serving(again):
                     raise
-                out = self._after_tracing(self.base, args, kwargs)
+                self.retries += 1
+                out = call_after_tracing(self.base, args, kwargs)
         except Exception:
             self.caller_errors += 1
             log.debug("variant %s and the base module both failed a call: the caller's error",
