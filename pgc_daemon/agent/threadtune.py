@@ -48,14 +48,11 @@ runtime cannot be found, nothing is tuned.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +60,7 @@ import torch
 
 from pgc_daemon.agent.hostload import OtherLoad
 from pgc_daemon.agent.livecompare import LiveComparison, compare, trimmed_mean
+from pgc_daemon.agent.ompthreads import set_thread_count
 
 log = logging.getLogger("pgc.agent")
 
@@ -84,6 +82,11 @@ MIN_REPROBE_S = 30.0
 LOAD_SHIFT = 0.5
 #: Variants whose choice is remembered at most (oldest forgotten first).
 MAX_VARIANTS = 32
+#: A decided count's age and the machine's load are looked at once a second or once in this
+#: many calls, whichever comes first: every call, with the ``Use`` made anew, cost 17-20 µs on
+#: the inference thread with the caches cold after a forward pass (a microbenchmark evicting
+#: 64 MB between calls).
+STALE_EVERY, STALE_EVERY_S = 16, 1.0
 
 
 def candidates(configured: int) -> tuple[int, ...]:
@@ -103,6 +106,11 @@ class _Probe:
     """Cores busy outside this process at the last decision (None: not known)."""
     previous: int | None = None
     """The count chosen before this probe (a probe again): the one another must beat."""
+    steady: Use | None = None
+    """What a call gets while the count is decided (made once: see ``STALE_EVERY``)."""
+    served: int = 0
+    """Calls served at the decided count (a staleness check every ``STALE_EVERY``)."""
+    checked_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,8 @@ class ThreadTuner:
                 if len(self._probes) >= MAX_VARIANTS:
                     del self._probes[next(iter(self._probes))]
                 probe = self._probes[variant_id] = _Probe({n: [] for n in self.candidates})
+                if len(self.candidates) == 1:  # nothing to probe: always the configured count
+                    probe.steady = Use(variant_id, self.configured, counted=False)
         return probe
 
     def use(self, variant_id: int | None, *, canary: bool = False,
@@ -187,8 +197,20 @@ class ThreadTuner:
                 set_thread_count(self.configured)
             return Use(variant_id, self.configured, counted=False)
         probe = self._probe(variant_id)
-        if probe.chosen is not None and not canary and self._stale(variant_id, probe):
-            probe.previous, probe.chosen = probe.chosen, None  # probe again
+        steady = probe.steady
+        if steady is not None:  # decided: the same Use, the age and load looked at now and then
+            probe.served += 1
+            now = self._clock()
+            fresh = (canary or probe.chosen is None
+                     or (probe.served % STALE_EVERY and now - probe.checked_at < STALE_EVERY_S))
+            if not fresh:
+                probe.checked_at = now
+                fresh = not self._stale(variant_id, probe)
+            if fresh:
+                if torch.get_num_threads() != steady.threads:
+                    set_thread_count(steady.threads)
+                return steady
+            probe.previous, probe.chosen, probe.steady = probe.chosen, None, None  # probe again
             probe.samples = {n: [] for n in self.candidates}
         decided = probe.chosen is not None or len(self.candidates) == 1
         if decided:
@@ -275,6 +297,7 @@ class ThreadTuner:
         with self._lock:
             probe.results = {n: _trimmed(s) for n, s in probe.samples.items()}
             probe.chosen, probe.decided_at = best, self._clock()
+            probe.steady = Use(variant_id, best, counted=False)
             probe.load = load
             probe.samples = {n: [] for n in self.candidates}
             probe.calls = 0
@@ -338,54 +361,6 @@ def tuner_for(executor: Any, profiler: Any, *, enabled: bool = True) -> ThreadTu
         notify=lambda message, data: profiler.event("threads", "info", message, data),
         load=OtherLoad().cores,
     )
-
-
-@functools.cache
-def per_thread_setter() -> Callable[[int], None] | None:
-    """``omp_set_num_threads`` of the OpenMP runtime torch runs on (None: torch does not run
-    on OpenMP here, or no runtime in the process moves torch's count). A process can hold
-    several copies (torch's own, and one each for scikit-learn, SciPy, ...): the one chosen is
-    the one that, in a throwaway thread, changes what ``torch.get_num_threads`` says."""
-    if "OpenMP" not in torch.__config__.parallel_info():
-        return None
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
-    except OSError:
-        return None
-    torch_lib = str(Path(torch.__file__).parent)
-    for path in sorted(paths, key=lambda p: not p.startswith(torch_lib)):  # torch's own first
-        try:
-            fn = ctypes.CDLL(path).omp_set_num_threads
-        except (OSError, AttributeError):
-            continue
-        fn.argtypes, fn.restype = [ctypes.c_int], None
-        if _moves_torch(fn):
-            return fn
-    log.debug("no OpenMP runtime here sets torch's intra-op count per thread: %s", sorted(paths))
-    return None
-
-
-def _moves_torch(setter: Callable[[int], None]) -> bool:
-    seen: list[int] = []
-
-    def probe() -> None:
-        before = torch.get_num_threads()  # (also runs torch's per-thread set-up first)
-        setter(before + 1)
-        seen.append(torch.get_num_threads() - before)
-
-    t = threading.Thread(target=probe, name="pgc-omp-probe", daemon=True)
-    t.start()
-    t.join(5.0)
-    return seen == [1]
-
-
-def set_thread_count(n: int) -> None:
-    """The calling thread's intra-op thread count (no other thread's)."""
-    setter = per_thread_setter()
-    if setter is not None:
-        torch.get_num_threads()  # torch's per-thread set-up first: it would undo the count
-        setter(n)
 
 
 def _trimmed(samples: list[float]) -> float:

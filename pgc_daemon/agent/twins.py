@@ -31,9 +31,9 @@ import torch
 import store as st
 from compiler import compare
 from pgc_daemon.agent.contract import Served
+from pgc_daemon.agent.ompthreads import set_thread_count
 from pgc_daemon.agent.runtime import Launcher, in_short_thread, thread_nice
 from pgc_daemon.agent.slot import Slot
-from pgc_daemon.agent.threadtune import set_thread_count
 from pgc_daemon.agent.variants import Variants
 from pgc_daemon.errors import describe
 

@@ -16,7 +16,14 @@ from torch import nn
 
 import store as st
 from pgc_daemon import attach
-from pgc_daemon.agent.threadtune import ThreadTuner, Use, candidates, set_thread_count
+from pgc_daemon.agent.ompthreads import set_thread_count
+from pgc_daemon.agent.threadtune import (
+    STALE_EVERY,
+    STALE_EVERY_S,
+    ThreadTuner,
+    Use,
+    candidates,
+)
 from pgc_daemon.settings import Settings
 
 from .helpers import wait_for
@@ -191,6 +198,31 @@ def test_the_choice_is_made_again_when_the_machines_load_moves() -> None:
     # the other count against the chosen one, with its interval (what the search scales by)
     ratio, low, high = heard[-1]["vs_chosen"]["1"]
     assert 1.0 < low < ratio < high and ratio == pytest.approx(13.8 / 10.0, rel=0.05)
+
+
+def test_a_decided_count_costs_a_call_little_and_is_still_looked_at() -> None:
+    """While a count is decided, calls get the same ``Use`` and the age and load are looked at
+    once a second or once in ``STALE_EVERY`` calls (every call had cost 17-20 µs cold)."""
+    clock, looks = _Clock(), [0]
+
+    def load() -> float:
+        looks[0] += 1
+        return 1.0
+
+    tuner = _tuner(configured=2, clock=clock, load=load)
+    _serve(tuner, {2: 18.0, 1: 13.8}, 200)
+    assert tuner.chosen(7) == 1
+    clock.now = 100.0  # past MIN_REPROBE_S: a look reads the load
+    looks[0] = 0
+    uses: list[Use] = []
+    _serve(tuner, {2: 18.0, 1: 13.8}, 64, uses=uses)
+    assert all(u is uses[0] for u in uses) and uses[0].threads == 1 and not uses[0].counted
+    assert 1 <= looks[0] <= 64 // STALE_EVERY + 1  # the clock stood still: by call count
+    looks[0] = 0
+    for i in range(10):  # a second apart: every call is looked at
+        clock.now = 101.0 + i * STALE_EVERY_S
+        tuner.use(7)
+    assert looks[0] == 10
 
 
 def test_a_probe_again_that_cannot_tell_keeps_the_last_choice() -> None:
