@@ -31,17 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from _paired import bootstrap_ci, median_diff_ci
+
 _tt = time.thread_time_ns
-
-
-def _bootstrap(instr: np.ndarray, plain: np.ndarray, n: int = 2000) -> tuple[list[float], list[float]]:
-    """95% intervals of the paired sum ratio - 1 and of the median paired difference (µs)."""
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(plain), size=(n, len(plain)))
-    ratios = instr[idx].sum(1) / plain[idx].sum(1) - 1
-    medians = np.median(instr[idx] - plain[idx], axis=1) / 1e3
-    return ([float(v) for v in np.percentile(ratios, (2.5, 97.5))],
-            [float(v) for v in np.percentile(medians, (2.5, 97.5))])
 
 
 def _threads_cpu_ns() -> dict[str, int]:
@@ -101,7 +93,8 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
     by_thread["(ended threads)"] = max(0, background_ns - sum(by_thread.values()))
     plain, instr = cpu["plain"], cpu["served"]
     ok = (plain < 3 * np.median(plain)) & (instr < 3 * np.median(instr))  # preempted rounds
-    ratio_ci, us_ci = _bootstrap(instr[ok], plain[ok])
+    ratio_ci = bootstrap_ci(instr[ok], plain[ok])
+    us_ci = [v / 1e3 for v in median_diff_ci(instr[ok], plain[ok])]
     status = served.profiler.status()
     return {
         "rounds": rounds,
@@ -110,7 +103,7 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
         "us_per_call": float(np.median(instr[ok] - plain[ok]) / 1e3),
         "us_per_call_ci95": us_ci,
         "overhead": float(instr[ok].sum() / plain[ok].sum() - 1),
-        "overhead_ci95": ratio_ci,
+        "overhead_ci95": list(ratio_ci),
         "background": float(background_ns / plain.sum()),
         "sampled_calls": int(status["sampled"]),
         "registered": served.model_id is not None,  # measured as it serves once registered

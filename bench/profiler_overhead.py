@@ -66,6 +66,7 @@ from profiler import Profiler, ProfilerConfig, Window  # noqa: E402
 
 from _agent_cost import agent_cost  # noqa: E402
 from _concurrent_sampling import REQUEST_THREADS, concurrent  # noqa: E402
+from _paired import bootstrap_ci  # noqa: E402
 from threads import cpu_isa  # noqa: E402
 
 _tt = time.thread_time_ns
@@ -114,14 +115,6 @@ def profiler_threads(prof: Profiler) -> list[int]:
     if prof._exporter is not None and prof._exporter._thread.ident is not None:
         ids.append(prof._exporter._thread.ident)
     return ids
-
-
-def bootstrap_ci(instr: np.ndarray, plain: np.ndarray, seed: int = 0, n: int = 2000) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(plain), size=(n, len(plain)))
-    ratios = instr[idx].sum(1) / plain[idx].sum(1) - 1
-    lo, hi = np.percentile(ratios, (2.5, 97.5))
-    return float(lo), float(hi)
 
 
 def interleaved(

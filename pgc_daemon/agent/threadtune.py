@@ -212,17 +212,14 @@ class ThreadTuner:
                 return steady
             probe.previous, probe.chosen, probe.steady = probe.chosen, None, None  # probe again
             probe.samples = {n: [] for n in self.candidates}
-        decided = probe.chosen is not None or len(self.candidates) == 1
-        if decided:
-            n, counted = probe.chosen or self.configured, False
-        else:
-            k = probe.calls // self.block
-            n = self.candidates[k % len(self.candidates)]
-            counted = probe.calls % self.block != 0
-            probe.calls += 1
+        # undecided (a decided probe, and one with a single candidate, has ``steady``)
+        k = probe.calls // self.block
+        n = self.candidates[k % len(self.candidates)]
+        counted = probe.calls % self.block != 0
+        probe.calls += 1
         if torch.get_num_threads() != n:
             set_thread_count(n)
-        return Use(variant_id, n, counted, decided)
+        return Use(variant_id, n, counted, decided=False)
 
     def _moved(self, probe: _Probe) -> float | None:
         """The load now, where it has moved by ``load_shift`` from the decision's (else None)."""

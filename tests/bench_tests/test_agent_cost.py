@@ -10,8 +10,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench scripts import their helpers as top-level modules
 
-from bench._agent_cost import agent_cost  # noqa: E402
+from _agent_cost import agent_cost  # noqa: E402
 
 
 def test_the_agent_case_measures_a_real_attached_model() -> None:
