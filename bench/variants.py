@@ -151,6 +151,13 @@ def minilm(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, An
         ("int8 static (pt2e), max-autotune",
          Recipe(quantization=Quantization.of(static), backend=Backend("inductor", "max-autotune"),
                 fusion=sib), False),
+        *([("int8 static (pt2e), bf16 between (autocast)",
+            Recipe(quantization=Quantization.of(static),
+                   backend=Backend("inductor", autocast="bf16"), fusion=sib), False),
+           ("int8 static (pt2e), max-autotune, bf16 between (autocast)",
+            Recipe(quantization=Quantization.of(static),
+                   backend=Backend("inductor", "max-autotune", "bf16"), fusion=sib), False)]
+          if probe().features.get("amx_bf16") else []),  # offered where AMX is (see the search)
         (f"int8 static, {len(keep)} most sensitive fp32",
          Recipe(quantization=Quantization.of({**static, **{n: "fp32" for n in keep}}), backend=inductor,
                 fusion=sib), False),
@@ -254,6 +261,10 @@ def cnn(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
         ("int8 static (pt2e)", Recipe(quantization=static, backend=inductor), False),
         ("int8 static (pt2e), max-autotune",
          Recipe(quantization=static, backend=Backend("inductor", "max-autotune")), False),
+        *([("int8 static (pt2e), max-autotune, bf16 between (autocast)",
+            Recipe(quantization=static, backend=Backend("inductor", "max-autotune", "bf16")),
+            False)]
+          if probe().features.get("amx_bf16") else []),
         *peers(static),
     ]
     if args.quick:

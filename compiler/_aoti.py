@@ -47,10 +47,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
+from torch.utils._pytree import (
+    tree_flatten,
+    tree_unflatten,
+    treespec_dumps,
+    treespec_loads,
+)
 
 from compiler import _attention
 from compiler._aoti_native import NativePackage, extract_folder, plain_package
+from compiler._autocast import context_of, exportable
 from compiler._dynamic import (
     DynamicMatch,
     at_length,
@@ -256,7 +262,8 @@ def compile_package(
 
     args, kwargs = example
     accepts = None
-    with torch.no_grad(), quiet(), contextlib.redirect_stderr(io.StringIO()):
+    with torch.no_grad(), context_of(module), quiet(), contextlib.redirect_stderr(io.StringIO()):
+        module = exportable(module)
         shapes = None if dynamic_dim is None else export_shapes(module, example, dynamic_dim)
         program = torch.export.export(module, tuple(args), dict(kwargs), strict=False,
                                       dynamic_shapes=shapes)

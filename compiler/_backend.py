@@ -37,6 +37,7 @@ from unittest import mock
 import torch
 from torch import nn
 
+from compiler._autocast import Autocast
 from compiler._errors import BuildError
 from compiler._inputs import NOTE as INPUTS_NOTE
 from compiler._inputs import CopiedInputs, call_checked
@@ -288,6 +289,10 @@ def apply_backend(model: nn.Module, part: Backend, ctx: BuildContext) -> nn.Modu
             )
         return model
     ctx.report.compiled = True
+    if part.autocast is not None:
+        model = Autocast(model, part.autocast)
+        ctx.report.notes.append(f"run under CPU autocast ({part.autocast}): what stays float "
+                                "between the recipe's layers computes in it where autocast allows")
     strategy = ctx.state.get("partition", "latency")
     if strategy == "latency" and ctx.first_input() is not None:
         packaged = _try_aoti(model, part, ctx)

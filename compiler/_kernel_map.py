@@ -84,6 +84,7 @@ def node_layers(program: Any) -> dict[str, tuple[str, ...] | None]:
     linears run as one: ``compiler._siblings``); None for nodes no module call made and for
     the quantize and dequantize ops pt2e inserts (their stack is the root's), which then
     count for no layer."""
+    from compiler._autocast import layer_path
     from compiler._siblings import members_of
 
     out: dict[str, tuple[str, ...] | None] = {}
@@ -94,7 +95,7 @@ def node_layers(program: Any) -> dict[str, tuple[str, ...] | None]:
         if not stack or "quantized_decomposed" in str(node.target):
             out[node.name] = None  # pt2e's quantize/dequantize: in the root's stack, no layer's
         else:
-            out[node.name] = members_of(list(stack.values())[-1][0] or ROOT)
+            out[node.name] = members_of(layer_path(list(stack.values())[-1][0]) or ROOT)
     return out
 
 

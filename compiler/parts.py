@@ -68,6 +68,10 @@ BACKEND_MODES: dict[BackendKind, tuple[BackendMode, ...]] = {
 #: How a non-default mode is written after the backend's kind in labels (``inductor-max``,
 #: ``openvino-f32``); :meth:`Backend.label` and :meth:`Backend.parse` are the one mapping.
 MODE_TAGS: dict[BackendMode, str] = {BackendMode.MAX_AUTOTUNE: "max", BackendMode.F32: "f32"}
+#: What Inductor may run under CPU autocast: the ops a pt2e int8 graph leaves float (attention's
+#: matmuls, the glue between int8 kernels), which Inductor then lowers to int8 kernels with
+#: bf16 between them. Written ``+bf16`` after the rest of a label (``inductor-max+bf16``).
+AUTOCAST_DTYPES = ("bf16",)
 
 
 def choice(kind: type[E], value: object, message: str) -> E:
@@ -100,10 +104,16 @@ def _bool(value: Any, name: str) -> bool:
 class Backend:
     """How the transformed module runs: eager PyTorch, compiled by Inductor (``default`` or
     ``max-autotune``), or (optional extras) ONNX Runtime or OpenVINO (``default``: the device's
-    default precision; ``f32``), whose own quantizers (NNCF for OpenVINO) make int8 layers."""
+    default precision; ``f32``), whose own quantizers (NNCF for OpenVINO) make int8 layers.
+
+    ``autocast`` (Inductor only): run the model under CPU autocast in that dtype, so what the
+    recipe's precisions leave fp32 (attention, and everything between int8 layers) runs in
+    bf16 where autocast's op lists say so. Left out of ``to_dict`` when unset, so the hashes
+    of recipes without it are what they were."""
 
     kind: BackendKind = BackendKind.EAGER
     mode: BackendMode = BackendMode.DEFAULT
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         kind = choice(BackendKind, self.kind, f"backend must be one of {BACKENDS}, not {self.kind!r}")
@@ -111,30 +121,42 @@ class Backend:
         if mode not in BACKEND_MODES[kind]:
             allowed = ", ".join(m.value for m in BACKEND_MODES[kind])
             raise RecipeError(f"backend {kind} takes mode {allowed}, not {mode}")
+        if self.autocast is not None:
+            if self.autocast not in AUTOCAST_DTYPES:
+                raise RecipeError(
+                    f"backend autocast must be one of {AUTOCAST_DTYPES}, not {self.autocast!r}")
+            if kind is not BackendKind.INDUCTOR:
+                raise RecipeError(f"autocast applies to the inductor backend only, not {kind}")
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "mode", mode)
 
     def label(self) -> str:
-        """``inductor``, ``inductor-max``, ``openvino-f32``, ...: the kind, and the mode's tag
-        unless it is the default."""
+        """``inductor``, ``inductor-max``, ``openvino-f32``, ``inductor-max+bf16``, ...: the
+        kind, the mode's tag unless it is the default, and the autocast dtype if any."""
         tag = MODE_TAGS.get(self.mode)
-        return self.kind.value if tag is None else f"{self.kind.value}-{tag}"
+        out = self.kind.value if tag is None else f"{self.kind.value}-{tag}"
+        return out if self.autocast is None else f"{out}+{self.autocast}"
 
     @classmethod
     def parse(cls, text: str) -> Backend:
         """The backend a :meth:`label` names."""
-        kind, _, tag = text.partition("-")
+        head, plus, autocast = text.partition("+")
+        kind, _, tag = head.partition("-")
         mode = next((m for m, t in MODE_TAGS.items() if t == tag), None if tag else BackendMode.DEFAULT)
-        if mode is None:
-            raise RecipeError(f"not a backend label: {text!r} (e.g. inductor, inductor-max, openvino-f32)")
-        return cls(kind, mode)
+        if mode is None or (plus and not autocast):
+            raise RecipeError(f"not a backend label: {text!r} (e.g. inductor, inductor-max, "
+                              "openvino-f32, inductor+bf16)")
+        return cls(kind, mode, autocast or None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "mode": self.mode.value}
+        out = {"kind": self.kind.value, "mode": self.mode.value}
+        if self.autocast is not None:
+            out["autocast"] = self.autocast
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Backend:
-        only_keys(data, {"kind", "mode"}, "backend")
+        only_keys(data, {"kind", "mode", "autocast"}, "backend")
         return cls(**dict(data))
 
 

@@ -31,7 +31,8 @@ from pgc_daemon.errors import PolicyError
 Objective = Literal["fastest", "most_accurate"]
 Percentile = Literal["p50", "p95", "p99"]
 #: what ``backends`` may name (``compiler.Backend`` labels); the search offers the installed ones
-BackendName = Literal["inductor", "inductor-max", "eager", "onnxruntime", "openvino", "openvino-f32"]
+BackendName = Literal["inductor", "inductor-max", "inductor+bf16", "inductor-max+bf16", "eager",
+                      "onnxruntime", "openvino", "openvino-f32"]
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,8 @@ def test_the_recipe_body_is_derived_from_the_compiler_types() -> None:
         INT8,
         Recipe(quantization=Quantization.of({"_default": "bf16", "re:enc.*": "int8-weight_only-pt"}),
                backend=Backend("inductor", "max-autotune")),
+        Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}),
+               backend=Backend("inductor", "max-autotune", autocast="bf16")),
         Recipe.from_dict({"quantization": {}, "layout": {"memory_format": "channels_last"},
                           "kernels": {"linear": "triton"}, "partition": {"strategy": "memory"},
                           "buckets": {"sizes": [32, 64]}}),
@@ -262,6 +264,19 @@ def test_every_recipe_goes_through_the_body_unchanged(recipe: Recipe) -> None:
 
     body = RecipeBody.model_validate(recipe.to_dict())
     assert body.to_recipe() == recipe and body.to_recipe().hash == recipe.hash
+
+
+def test_autocast_is_a_word_of_the_inductor_body_only() -> None:
+    from pydantic import ValidationError
+
+    from pgc_daemon.api.schemas import RecipeBody
+
+    with pytest.raises(ValidationError):
+        RecipeBody.model_validate({"quantization": {},
+                                   "backend": {"kind": "onnxruntime", "autocast": "bf16"}})
+    with pytest.raises(ValidationError):
+        RecipeBody.model_validate({"quantization": {},
+                                   "backend": {"kind": "inductor", "autocast": "fp16"}})
 
 
 def test_model_list_and_metrics_are_computed_once_per_tick(populated: st.Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,7 +28,7 @@ from pgc_daemon.optimizer.search.runner import (
     record_trial,
     run_live_search,
 )
-from pgc_daemon.optimizer.search.space import PEER_BASELINES, backends_for
+from pgc_daemon.optimizer.search.space import AUTOCAST_BACKENDS, PEER_BASELINES, backends_for
 from pgc_daemon.optimizer.search.study import ADOPTS, EARLY
 from pgc_daemon.policy import Policy, load_policy
 from pgc_daemon.reservoir import InputReservoir
@@ -453,15 +453,17 @@ def test_a_real_search_deploys_while_searching_after_baselines_that_ran_before_s
     assert run.state == "done" and result.feasible, run.message
     assert len(trials) == 4
     # the baselines (every layer int8 first: each installed peer in its own int8, built in
-    # seconds, then Inductor's static and dynamic; fp32 last) were timed before sensitivity
+    # seconds, then Inductor's static (and, with AMX, static with bf16 between) and dynamic;
+    # fp32 last) were timed before sensitivity
     # was measured, as many as the budget of 4 takes
     assert sensitivity
     measured_at = min(r.created_at for r in sensitivity)
     before = [t for t in trials if t.created_at < measured_at]
     installed = backends_for()
     expected = [*((choice, peer) for peer, choice in PEER_BASELINES.items() if peer in installed),
-                ("int8-static-pc", "inductor"), ("int8-dynamic-pc", "inductor"),
-                ("fp32", "inductor")][:4]
+                ("int8-static-pc", "inductor"),
+                *(("int8-static-pc", b) for b in AUTOCAST_BACKENDS[1:] if b in installed),  # AMX
+                ("int8-dynamic-pc", "inductor"), ("fp32", "inductor")][:4]
     assert [(t.params["default"], t.params["backend"]) for t in before] == expected
     # the first feasible trial faster than fp32 eager went out while the run was running
     good = [t for t in trials if t.feasible and t.speedup and t.speedup > 1.0]

@@ -14,10 +14,17 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 
 from compiler import Recipe
-from compiler.parts import MAX_BUCKETS, Kernels, Layout, Partition
+from compiler.parts import AUTOCAST_DTYPES, MAX_BUCKETS, Kernels, Layout, Partition
 from compiler.recipe import (
     BACKEND_MODES,
     Backend,
@@ -74,11 +81,15 @@ def _backend_body(kind: BackendKind) -> type[BaseModel]:
     ``kind`` may be left out."""
     modes = BACKEND_MODES[kind]
     kind_default: Any = kind.value if kind is Backend().kind else ...
+    extra: dict[str, Any] = {}
+    if kind is BackendKind.INDUCTOR:
+        extra["autocast"] = (Literal[AUTOCAST_DTYPES] | None, None)  # type: ignore[valid-type]
     return create_model(  # type: ignore[call-overload, no-any-return]
         f"{kind.name.title().replace('_', '')}Backend",
         __config__=STRICT,
         kind=(words(kind), kind_default),
         mode=(words(*modes), modes[0].value),
+        **extra,
     )
 
 
