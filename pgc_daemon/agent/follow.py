@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import store as st
 from compiler import warm
 from pgc_daemon import states
 from pgc_daemon.agent.contract import Served
+from pgc_daemon.agent.registry import Registry
 from pgc_daemon.agent.replica import HOST, process_gone
 from pgc_daemon.agent.runtime import in_short_thread, settle_heap
 from pgc_daemon.agent.slot import Slot
@@ -30,6 +31,36 @@ from pgc_daemon.errors import describe
 from pgc_daemon.states import D
 
 log = logging.getLogger("pgc.swapper")
+
+
+@dataclasses.dataclass(frozen=True)
+class Look:
+    """What one poll read of the model's deployments: the candidates to deploy (oldest
+    first), those in flight, and the active one. ``Look()`` is a look not taken yet (or to
+    take again, after a deployment)."""
+
+    pending: list[int] = dataclasses.field(default_factory=list)
+    in_flight: list[st.Deployment] = dataclasses.field(default_factory=list)
+    active: st.Deployment | None = None
+    stale: bool = True
+
+    @classmethod
+    def read(cls, reg: Registry) -> Look:
+        """One session, one query: all a quiet poll asks the store (it used to open three
+        sessions for four queries, about 3 ms of CPU a second per replica under load).
+        Nothing until live inputs exist to warm up and verify with (a candidate waits rather
+        than fails)."""
+        if len(reg.reservoir) == 0:
+            return cls()
+        with reg.store().session() as sess:
+            deps = st.repo.deployments_in(sess, reg.id, states.OPEN | {D.ACTIVE})
+        actives = [d for d in deps if d.state == D.ACTIVE]
+        return cls(
+            pending=[d.id for d in deps if d.state == D.CANDIDATE],
+            in_flight=[d for d in deps if d.state in states.IN_FLIGHT],
+            active=max(actives, key=lambda d: d.id) if actives else None,
+            stale=False,
+        )
 
 
 class Follower:
@@ -45,30 +76,27 @@ class Follower:
         self.state = "serving"
         self.message: str | None = None
 
-    def follow(self, quietly: Callable[[], AbstractContextManager[None]]) -> bool:
-        """Serve the active deployment if this replica does not yet; True when it swapped.
-        ``quietly`` wraps the torch work (no profiling hooks, short GIL turns)."""
+    def follow(self, active: st.Deployment | None,
+               quietly: Callable[[], AbstractContextManager[None]]) -> bool:
+        """Serve ``active`` (the model's active deployment, as the poll read it) if this
+        replica does not yet; True when it swapped. ``quietly`` wraps the torch work (no
+        profiling hooks, short GIL turns). The variant's row is read only to swap."""
         served, reg = self.served, self.served.registry
-        with reg.store().session() as sess:
-            active = st.repo.active_deployment(sess, reg.id)
-            variant = (
-                st.repo.get_variant(sess, active.variant_id)
-                if active is not None and active.variant_id is not None
-                else None
-            )
-        if active is None or variant is None or len(reg.reservoir) == 0:
+        if active is None or active.variant_id is None or len(reg.reservoir) == 0:
             return False
         now = served.slot
         if now.canary or active.id in self.failed:
             return False
-        if now.variant_id == variant.id:
+        if now.variant_id == active.variant_id:
             if now.deployment_id != active.id:  # same module, now under this deployment
                 served.swap(dataclasses.replace(now, deployment_id=active.id))
             return False
-        if variant.id == reg.baseline_variant_id:
+        if active.variant_id == reg.baseline_variant_id:
             served.swap(served.base_slot(active.id))
             self._say("serving", f"follows deployment {active.id}: the base module")
             return True
+        with reg.store().session() as sess:
+            variant = st.repo.get_variant(sess, active.variant_id)
         slot = self.variants.in_memory(variant.id)
         try:
             with quietly():
@@ -94,24 +122,27 @@ class Follower:
         log.info("replica %s serves %s (deployment %s)", self.replica_name, variant.label, active.id)
         return True
 
-    def fail_orphans(self) -> None:
-        """Fail deployments in flight whose owner was a replica on this host whose process is
-        gone (``kill -9``): at once, rather than after ``STALE_AFTER_S`` without heartbeat."""
+    def fail_orphans(self, in_flight: Sequence[st.Deployment]) -> None:
+        """Fail deployments in flight (as the poll read them) whose owner was a replica on
+        this host whose process is gone (``kill -9``): at once, rather than after
+        ``STALE_AFTER_S`` without heartbeat. A session is opened only for an orphan."""
         reg = self.served.registry
-        with reg.store().session() as sess:
-            for dep in st.repo.deployments_in(sess, reg.id, states.IN_FLIGHT):
-                if not dep.owner or dep.owner == self.replica_name:
-                    continue
-                host, _, rest = dep.owner.partition(":")
-                pid = rest.partition(":")[0]
-                if host == HOST and pid.isdigit() and process_gone(int(pid)):
-                    why = f"its replica {dep.owner} died before it finished"
-                    try:
-                        states.move(sess, dep.id, D.FAILED, why)
-                    except st.StoreConflict:
-                        continue  # another replica (or pgc serve) got there first
-                    st.repo.add_event(sess, reg.id, "deploy_failed", f"deployment {dep.id}: {why}", level="warning")
-                    log.warning("deployment %s failed: %s", dep.id, why)
+        for dep in in_flight:
+            if not dep.owner or dep.owner == self.replica_name:
+                continue
+            host, _, rest = dep.owner.partition(":")
+            pid = rest.partition(":")[0]
+            if host != HOST or not pid.isdigit() or not process_gone(int(pid)):
+                continue
+            why = f"its replica {dep.owner} died before it finished"
+            with reg.store().session() as sess:
+                try:
+                    states.move(sess, dep.id, D.FAILED, why)
+                except st.StoreConflict:
+                    continue  # another replica (or pgc serve) got there first
+                st.repo.add_event(sess, reg.id, "deploy_failed", f"deployment {dep.id}: {why}",
+                                  level="warning")
+            log.warning("deployment %s failed: %s", dep.id, why)
 
     def _load(self, variant: st.Variant) -> Slot:
         built = in_short_thread(self.variants.build, variant.recipe, variant.artifact)

@@ -46,7 +46,7 @@ from compiler import warm
 from pgc_daemon import states
 from pgc_daemon.agent import canary
 from pgc_daemon.agent.contract import Served
-from pgc_daemon.agent.follow import Follower
+from pgc_daemon.agent.follow import Follower, Look
 from pgc_daemon.agent.heartbeat import Heartbeat
 from pgc_daemon.agent.replica import Replica, Report, trimmed_mean
 from pgc_daemon.agent.reverts import Reverter, end_active
@@ -129,7 +129,8 @@ class Swapper:
                 reg.ensure_metric()
                 self._settle_interrupted()
                 self.reverts.handle_failed_variant()
-                for dep_id in self._pending():
+                look = Look.read(reg)
+                for dep_id in look.pending:
                     if self._stop.is_set():
                         break
                     self.busy.set()
@@ -142,7 +143,8 @@ class Swapper:
                     finally:
                         self._moved = None
                         self.busy.clear()
-                self._follow()
+                    look = Look()  # read again after a deployment
+                self._follow(look)
                 self.shape_misses.check(served.slot)
                 self.twins.check()
                 backoff = reg.settings.poll_s
@@ -154,13 +156,15 @@ class Swapper:
                 backoff = min(backoff * 2, 30.0)
             self._stop.wait(backoff)
 
-    def _follow(self) -> None:
+    def _follow(self, look: Look) -> None:
         """Serve the model's active deployment if another replica made it (or it was made
         before this one started): see :mod:`~pgc_daemon.agent.follow`."""
         if self._stop.is_set() or len(self.registry.reservoir) == 0:
             return
-        self.follower.fail_orphans()
-        if self.follower.follow(self._quietly):
+        if look.stale:
+            look = Look.read(self.registry)
+        self.follower.fail_orphans(look.in_flight)
+        if self.follower.follow(look.active, self._quietly):
             self.replica.beat()
         elif (
             self.registry.spec  # a model pgc can search: a deployment will verify on these
@@ -178,14 +182,6 @@ class Swapper:
                 yield
         finally:
             self.busy.clear()
-
-    def _pending(self) -> list[int]:
-        """Candidates to deploy, oldest first; none until live inputs exist to warm up and
-        verify with (a candidate waits rather than fails)."""
-        if len(self.registry.reservoir) == 0:
-            return []
-        with self.registry.store().session() as sess:
-            return [d.id for d in st.repo.pending_deployments(sess, self.registry.id)]
 
     def _settle_interrupted(self) -> None:
         """Deployments a store error interrupted, now that the store answers (see the module

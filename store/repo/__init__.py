@@ -14,7 +14,6 @@ from store.repo.deployments import (
     get_deployment,
     list_deployments,
     lock_model,
-    pending_deployments,
     touch_deployment,
     transition,
 )
@@ -127,7 +126,6 @@ __all__ = [
     "load_reservoir",
     "load_sensitivity",
     "lock_model",
-    "pending_deployments",
     "prune_history",
     "prune_replicas",
     "prune_stats",

@@ -107,11 +107,6 @@ def touch_deployment(s: Session, deployment_id: int) -> str:
     return str(state)
 
 
-def pending_deployments(s: Session, model_id: int) -> Sequence[Deployment]:
-    q = select(Deployment).where(Deployment.model_id == model_id, Deployment.state == _CANDIDATE)
-    return s.scalars(q.order_by(Deployment.id)).all()
-
-
 def deployments_in(s: Session, model_id: int, states: Collection[Any]) -> Sequence[Deployment]:
     """The model's deployments in one of ``states``, oldest first, without their transitions
     (a question asked every poll: what ``list_deployments`` loads is ten times the work)."""
