@@ -402,7 +402,8 @@ def test_a_quiet_poll_reads_the_deployments_once(mlp_spec: dict, settings: Setti
 
         def seen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
             if threading.current_thread().name == "pgc-swapper-mlp":
-                tables.extend(t for t in ("pgc_deployments", "pgc_variants") if f"FROM {t}" in statement)
+                tables.extend(t for t in ("pgc_deployments", "pgc_variants")
+                              if f"FROM {t}" in statement)
 
         time.sleep(1.0)  # settled: metric chosen, references prepared
         event.listen(engine, "before_cursor_execute", seen)
