@@ -302,6 +302,9 @@ def uses(r: dict[str, Any]) -> list[str]:
         out.append("int8: no VNNI/AMX, int8 variants rarely pay here (still measured)")
     out.append("bf16: fast path (AVX512-BF16/AMX-BF16)" if cpu["bf16_fast"]
                else "bf16: emulated on this CPU; slower than fp32")
+    if cpu["features"].get("amx_bf16"):
+        out.append("AMX: int8 kernels with bf16 between them are searched "
+                   "(inductor+bf16, inductor-max+bf16)")
     if r["cxx_compiler"]:
         out.append(f"torch.compile (Inductor) on CPU: C++ compiler {r['cxx_compiler']}")
     else:

@@ -143,6 +143,9 @@ def test_doctor_reports_versions_features_and_what_pgc_uses(capsys: pytest.Captu
     assert report["triton"]["version"] is not None  # installed with pgc
     assert any(u.startswith("per-layer CPU counters") for u in report["uses"])
     assert any(u.startswith("int8") for u in report["uses"])
+    # the autocast backends are named where the search offers them: with AMX only
+    assert any(u.startswith("AMX: int8 kernels with bf16") for u in report["uses"]) == bool(
+        hw.features.get("amx_bf16"))
     if not torch.cuda.is_available():
         assert report["cupti"]["available"] is False and report["cupti"]["detail"]
         assert report["cuda"]["devices"] == [] and report["cuda"]["compatible"] is None
