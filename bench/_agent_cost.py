@@ -86,7 +86,11 @@ def _measure(served: Any, model: torch.nn.Module, inputs: list[tuple[Any, ...]],
                 c = _tt()
                 fn(*args)
                 cpu[a][r] = _tt() - c
-        background_ns = (time.process_time_ns() - p0) - (_tt() - t0)
+        # this thread's clock first: the process clock read after it has counted all of
+        # this thread's time (the other order left a fraction of a microsecond out, and an
+        # idle background came out negative in CI)
+        t1 = _tt()
+        background_ns = (time.process_time_ns() - p0) - (t1 - t0)
         after = _threads_cpu_ns()
     by_thread = {name: ns - before.get(name, 0) for name, ns in after.items()}
     # threads that ran and ended within the rounds (short-lived background work)

@@ -31,3 +31,22 @@ def test_the_agent_case_measures_a_real_attached_model() -> None:
     assert r["background"] >= 0
     assert r["registered"]
     assert all(ms > 0 for ms in r["thread_cpu_ms"].values())
+
+
+def test_the_background_share_cannot_come_out_negative(monkeypatch) -> None:
+    """The process clock and this thread's clock, read in the wrong order at the end, left a
+    fraction of a microsecond of this thread out of the process's time: with nothing else
+    running, the background share came out negative (CI, -6e-5). Here both clocks are one
+    counter that only this thread advances, 1 µs a read: whatever else ran, the share is at
+    least 0."""
+    import time
+
+    import _agent_cost
+
+    ticks = iter(range(0, 10**12, 1000))
+    clock = lambda: next(ticks)  # noqa: E731
+    monkeypatch.setattr(_agent_cost, "_tt", clock)
+    monkeypatch.setattr(time, "process_time_ns", clock)
+    model = torch.nn.Linear(8, 4).eval()
+    r = agent_cost("tiny", model, [(torch.randn(2, 8),)], rounds=40)
+    assert r["background"] >= 0
