@@ -96,6 +96,7 @@ def test_the_search_offers_bf16_between_int8_kernels_only_where_the_cpu_has_amx(
                         backends=offered)
     baselines = [space.recipe(p) for p in space.baselines()]
     assert Recipe(quantization=STATIC, backend=Backend.parse("inductor-max+bf16")) in baselines
+    assert Recipe(backend=Backend.parse("inductor+bf16")) in baselines  # fp32 under autocast
     plain = build_space(mlp_spec["model"], [{"layer": "net.3", "share": 0.9}], amx,
                         backends=backends_for(_hardware()))
     assert not any(r.backend.autocast for r in map(plain.recipe, plain.baselines()))
