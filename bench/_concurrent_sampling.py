@@ -68,14 +68,14 @@ def concurrent(
                 c0 = time.thread_time_ns()
                 if on:  # the agent's inline steps (see ``profiler._profiler``)
                     calls = prof.calls
-                    mark = calls.mark()
+                    mark = next(calls.marks)
                     token = prof.sample(model) if mark else None
                     run = token.module if token is not None else model
                     t0 = time.perf_counter_ns()
                     run(*args)
                     t1 = time.perf_counter_ns()
                     if mark is None:
-                        calls.record((1, None, t1 - t0, False, False, 0))
+                        calls.queue.append((1, None, t1 - t0, False, False, 0))
                     else:
                         prof.end(token, 1, args, {}, t1 - t0)
                 else:

@@ -152,7 +152,7 @@ def interleaved(
         w0, c0 = _pc(), _tt()
         if prof is not None:
             calls = prof.calls
-            mark = calls.mark()
+            mark = next(calls.marks)
             token = prof.sample(model) if mark else None
         run = token.module if token is not None else model
         c1 = _tt()
@@ -162,7 +162,7 @@ def interleaved(
         c2 = _tt()
         if prof is not None:
             if mark is None:
-                calls.record((1, None, t1 - t0, False, False, 0))
+                calls.queue.append((1, None, t1 - t0, False, False, 0))
             else:
                 prof.end(token, 1, args, {}, t1 - t0)
         c3, w1 = _tt(), _pc()

@@ -5,11 +5,11 @@ The serving path of ``pgc_daemon.agent.served`` takes the same steps inline, whe
 unsampled call runs none of the profiler's Python (see :mod:`profiler._calls`)::
 
     calls = profiler.calls                                # bound once
-    mark = calls.mark()                                   # None, KEY or SAMPLE (true)
+    mark = next(calls.marks)                              # None, KEY or SAMPLE (true)
     token = profiler.sample(module) if mark else None
     ... the call of token.module (a sampled call) or module, timed: elapsed ns ...
     if mark is None:                                      # unkeyed, not sampled
-        calls.record((variant, None, elapsed, False, fallback, 0))
+        calls.queue.append((variant, None, elapsed, False, fallback, 0))
     else:
         profiler.end(token, variant, args, kwargs, elapsed, fallback=fallback)
 

@@ -82,7 +82,7 @@ class ServedModel(Lifecycle):
         use = (self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
                if self.executor is not None else None)  # inline calls: nothing tuned
         prof, calls = self.profiler, self._calls
-        mark = calls.mark()
+        mark = next(calls.marks)
         token = prof.sample(slot.module) if mark and slot.per_layer else None
         module = slot.module if token is None else slot.twin or token.module  # see twins
         fallback, t0 = False, _perf_ns()
@@ -109,7 +109,7 @@ class ServedModel(Lifecycle):
                 fallback = True
         elapsed = _perf_ns() - t0
         if mark is None:
-            calls.record((slot.variant_id, None, elapsed, False, fallback, 0))
+            calls.queue.append((slot.variant_id, None, elapsed, False, fallback, 0))
         else:
             prof.end(token, slot.variant_id, args, kwargs, elapsed, fallback=fallback)
         self.calls += 1

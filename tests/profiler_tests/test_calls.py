@@ -104,13 +104,13 @@ def test_the_agents_inline_steps_count_every_call_under_its_own_shape() -> None:
 
     def call(x: torch.Tensor) -> None:
         calls = prof.calls
-        mark = calls.mark()
+        mark = next(calls.marks)
         token = prof.sample(model) if mark else None
         t0 = time.perf_counter_ns()
         (token.module if token is not None else model)(x)
         t1 = time.perf_counter_ns()
         if mark is None:
-            calls.record((1, None, t1 - t0, False, False, 0))
+            calls.queue.append((1, None, t1 - t0, False, False, 0))
         else:
             prof.end(token, 1, (x,), {}, t1 - t0)
 
