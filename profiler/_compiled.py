@@ -239,7 +239,7 @@ def _op_type(kernel: str, others: list[str]) -> str:
     """``kernel (fused with a, b)``, at most :data:`OP_TYPE_MAX` characters (the store's
     column): a generated kernel's name lists every op it fuses and can run long."""
     fused = f" (fused with {', '.join(others)})" if others else ""
-    if len(fused) > OP_TYPE_MAX // 2:
+    if len(fused) > OP_TYPE_MAX // 2 and len(others) > 1:
         fused = f" (fused with {others[0]} and {len(others) - 1} more)"
     room = OP_TYPE_MAX - len(fused)
     name = kernel if len(kernel) <= room else kernel[: room - 1] + "…"

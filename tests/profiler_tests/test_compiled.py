@@ -195,6 +195,11 @@ def test_op_types_of_long_generated_kernels_fit_the_stores_column() -> None:
         assert len(op) <= OP_TYPE_MAX
         assert (not others) or others[0] in op
     assert _op_type("k", ["a"]) == "k (fused with a)"
+    # one long layer name is named alone, never "and 0 more" (seen in the demo's table)
+    one = _op_type(long, ["encoder.encoder.layer.0.intermediate.intermediate_act_fn"])
+    assert one.endswith(" (fused with encoder.encoder.layer.0.intermediate.intermediate_act_fn)")
+    assert "more" not in one and len(one) <= OP_TYPE_MAX
+    assert _op_type("k", layers).endswith(f"(fused with {layers[0]} and 2 more)")
 
 
 def test_kernels_are_read_from_the_trace_records_with_what_nests_in_them() -> None:
