@@ -16,12 +16,21 @@ __all__ = [
     "add_store_option",
     "add_token_option",
     "backends_from",
+    "clip",
     "settings_from",
 ]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+def clip(text: str, width: int, *, tail: bool = False) -> str:
+    """``text`` in at most ``width`` characters for a table cell, cut at its end (``tail``: at
+    its start, where a layer's path tells it apart). JSON output keeps the whole text."""
+    if len(text) <= width:
+        return text
+    return "…" + text[1 - width:] if tail else text[: width - 1] + "…"
 
 
 def add_store_option(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ import store as st
 from pgc_daemon import states
 from pgc_daemon.agent import attach
 from pgc_daemon.agent.livecompare import LiveComparison
+from pgc_daemon.cli._base import clip
 from pgc_daemon.cli._demo_traffic import AB_S, Traffic, fp32_latency_ms, live_ab, load_rate
 from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.policy import Policy
@@ -386,9 +387,13 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
                        ("deployed_layers", "hottest layers (live, deployed: its kernels)")):
         hot = Table(title=title)
         for col in ("layer", "type", "share", "mean ms"):
-            hot.add_column(col, justify="right" if col in ("share", "mean ms") else "left")
-        for h in r.get(key) or []:
-            hot.add_row(h["layer"], h["op_type"], f"{h['share']:.1%}", f"{h['mean_ms']:.3f}")
+            hot.add_column(col, justify="right" if col in ("share", "mean ms") else "left",
+                           no_wrap=True)
+        room = max(30, console.width - 30)  # what borders and the two numbers leave
+        for h in r.get(key) or []:  # one line a row: a layer's tail tells it apart (JSON: whole)
+            hot.add_row(clip(h["layer"], room * 11 // 20, tail=True),
+                        clip(h["op_type"], room - room * 11 // 20),
+                        f"{h['share']:.1%}", f"{h['mean_ms']:.3f}")
         if r.get(key):
             console.print(hot)
     sys.stderr.flush()

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from pgc_daemon.cli._base import UsageError
+from pgc_daemon.cli._base import UsageError, clip
 
 ORDER = 30
 
@@ -197,7 +197,8 @@ def render(report: dict[str, Any], top: int) -> None:
                       ("mean ms", "right"), ("p95 ms", "right"), ("counters / call", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for i, r in enumerate(report["layers"][:top], 1):
-        table.add_row(str(i), r["layer"], r["op_type"], f"{r['latency_ratio']:.1%}",
+        table.add_row(str(i), clip(r["layer"], 48, tail=True), clip(r["op_type"], 36),
+                      f"{r['latency_ratio']:.1%}",
                       f"{r['mean_ms']:.3f}", f"{r['p95_ms']:.3f}", _counter_text(r))
     console.print(table)
     groups = [g for g in report["groups"] if g["layers"] > 1][:5]

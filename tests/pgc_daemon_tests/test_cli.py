@@ -93,3 +93,27 @@ def test_optimize_reports_what_each_trial_cost(tmp_path: Path) -> None:
     assert all(0 < s <= data["elapsed_s"] for s in data["trial_s"])
     assert min(data["trial_s"]) <= data["trial_s_median"] <= max(data["trial_s"])
     assert "median" in out.stderr and "a trial" in out.stderr
+
+
+def test_the_demos_layer_tables_keep_one_line_a_layer(capsys: pytest.CaptureFixture[str]) -> None:
+    """A compiled variant's rows name long kernels and the layers they fuse: in an 80-column
+    terminal each row stays one line, and the end of the layer's path (what tells
+    ``layer.0.intermediate.dense`` from ``layer.1...``) is what is kept. (The demo printed
+    four lines a row, cut at the front of both.)"""
+    from rich.console import Console
+
+    from pgc_daemon.cli._base import clip
+    from pgc_daemon.cli._demo import _print_report
+
+    op = ("aoti_torch_cpu__qlinear_pointwise_binary (fused with "
+          "encoder.encoder.layer.0.intermediate.intermediate_act_fn)")
+    rows = [{"layer": f"encoder.encoder.layer.{i}.intermediate.dense", "op_type": op,
+             "share": 0.03, "mean_ms": 0.2} for i in range(3)]
+    _print_report(Console(file=None, force_terminal=False, width=80),
+                  {"model": "m", "outcome": "deployed", "deployed_layers": rows})
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if "intermediate.dense" in ln]
+    assert len(lines) == 3 and all(len(ln) <= 80 for ln in lines)
+    assert all(f"layer.{i}.intermediate.dense" in lines[i] for i in range(3))
+    assert clip("abcdef", 4) == "abc…" and clip("abcdef", 4, tail=True) == "…def"
+    assert clip("abc", 4) == "abc"
