@@ -9,8 +9,11 @@ by reading its weights, which is where this pays.
 
 Imported only when a GPU recipe asks for it (``Kernels(linear="triton")``) or by its tests,
 which run it on CPU under ``TRITON_INTERPRET=1`` (the variable must be set before Triton is
-imported). Block sizes are chosen by timing a few candidates per shape on the GPU, once,
-replayed in a CUDA graph so that launch overhead does not drown the difference.
+imported). It is the operator ``torch.ops.pgc.int8_weight_only_linear`` (a
+``torch.library.triton_op``), so compiled models launch it from generated code. Block sizes are
+Triton's autotuner's choice among a few candidates per shape (rows by powers of two), timed
+replayed in a CUDA graph so that launch overhead does not drown the difference; Inductor
+tunes the same candidates when it compiles a model that calls the operator.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import triton.language as tl
 from torch import nn
 
 ACTS = {"none": 0, "relu": 1, "gelu": 2}
-_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+_CONFIGS = [
     # small batches are bound by reading the weights: many narrow column blocks with long
     # K tiles keep every SM streaming (N=4096 in blocks of 16-32 is 128-256 programs)
     (16, 16, 256, 2, 4),
@@ -39,13 +43,51 @@ _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
     (64, 128, 32, 8, 3),
     (128, 128, 32, 8, 3),
 ]
-_CHOSEN: dict[tuple[Any, ...], tuple[int, int, int, int, int]] = {}
+#: the one configuration run under ``TRITON_INTERPRET=1`` (on CPU, nothing to time)
+_INTERPRETED = (16, 32, 32, 1, 1)
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _prune(configs: list[Any], named_args: dict[str, Any], **_: Any) -> list[Any]:
+    """The block sizes worth timing for this batch: none taller than twice its rows (at least
+    16); under the interpreter only :data:`_INTERPRETED` (one config: nothing is timed)."""
+    if _interpreting():
+        return [c for c in configs if _shape(c) == _INTERPRETED] or configs[:1]
+    cap = max(16, 2 * triton.next_power_of_2(int(named_args["M_BUCKET"])))
+    return [c for c in configs if c.kwargs["BLOCK_M"] <= cap] or configs[:1]
+
+
+def _shape(c: Any) -> tuple[int, int, int, int, int]:
+    k = c.kwargs
+    return (k["BLOCK_M"], k["BLOCK_N"], k["BLOCK_K"], c.num_warps, c.num_stages)
+
+
+def _bench(kernel_call: Any, quantiles: Any) -> Any:
+    """The kernel's own time, replayed in a CUDA graph: at small shapes a plain loop of
+    launches times Python and the launcher (tens of microseconds), not the block sizes."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    try:
+        return do_bench_cudagraph(kernel_call, rep=10, quantiles=quantiles)
+    except Exception:  # noqa: BLE001 - capture refused (e.g. inside another capture)
+        return do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+@triton.autotune(  # type: ignore[misc]
+    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w,
+                           num_stages=st)
+             for bm, bn, bk, w, st in [*_CONFIGS, _INTERPRETED]],
+    key=["M_BUCKET", "N", "K"],  # rows by powers of two: a new batch size tunes rarely
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=_bench,
+)
 @triton.jit  # type: ignore[misc]
 def _int8_weight_only_linear(  # type: ignore[no-untyped-def]
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
-    M, N, K,
+    M, N, K, M_BUCKET,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -83,72 +125,41 @@ def _int8_weight_only_linear(  # type: ignore[no-untyped-def]
     )
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+@torch.library.triton_op("pgc::int8_weight_only_linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+               bias: torch.Tensor | None, act: int) -> torch.Tensor:
+    """The kernel as a PyTorch operator: eagerly it launches the kernel; ``torch.compile``,
+    export and AOTInductor see the Triton kernel itself (``wrap_triton``) and call it from
+    their generated code, inside CUDA graphs where those are on, without the Python
+    launcher (which is what cost the kernel its lead over cuBLAS fp16 eagerly)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
 
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
 
-def _launch(x2: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None,
-            y: torch.Tensor, act: int, cfg: tuple[int, int, int, int, int]) -> None:
-    bm, bn, bk, warps, stages = cfg
-    m, k = x2.shape
-    n = w.shape[0]
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _int8_weight_only_linear[grid](
-        x2, w, s, b if b is not None else s, y, m, n, k,
-        x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-        HAS_BIAS=b is not None, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-        num_stages=stages,
+    torch.library.wrap_triton(_int8_weight_only_linear)[grid](
+        x2, weight, scale, bias if bias is not None else scale, y, m, n, k,
+        triton.next_power_of_2(m), x2.stride(0), x2.stride(1), weight.stride(0),
+        weight.stride(1), y.stride(0), y.stride(1), HAS_BIAS=bias is not None, ACT=act,
     )
+    return y.reshape(*x.shape[:-1], n)
 
 
-def _config(x2: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None,
-            y: torch.Tensor, act: int) -> tuple[int, int, int, int, int]:
-    m, k = x2.shape
-    n = w.shape[0]
-    if _interpreting() or x2.device.type != "cuda":
-        return (16, 32, 32, 1, 1)
-    key = (triton.next_power_of_2(m), n, k, x2.dtype, act)
-    if key not in _CHOSEN:
-        timings = {}
-        for cfg in _CONFIGS:
-            if cfg[0] > max(16, 2 * triton.next_power_of_2(m)):
-                continue
-            try:
-                timings[cfg] = _kernel_ms(lambda cfg=cfg: _launch(x2, w, s, b, y, act, cfg))
-            except Exception:  # noqa: BLE001 - a config the GPU cannot run (shared memory)
-                continue
-        _CHOSEN[key] = min(timings, key=timings.__getitem__)
-    return _CHOSEN[key]
-
-
-def _kernel_ms(fn: Any) -> float:
-    """The kernel's own time, replayed in a CUDA graph: at small shapes a plain loop of
-    launches times Python and the launcher (tens of microseconds), not the block sizes."""
-    from triton.testing import do_bench, do_bench_cudagraph
-
-    try:
-        return float(do_bench_cudagraph(fn, rep=10))
-    except Exception:  # noqa: BLE001 - capture refused (e.g. inside another capture)
-        return float(do_bench(fn, warmup=5, rep=20))
-
-
-@torch.compiler.disable  # Python-side block choice; a compiled model calls it as one op
 def int8_weight_only_linear(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
     act: str = "none",
 ) -> torch.Tensor:
     """``act(x @ (weight * scale[:, None]).T + bias)``: ``weight`` int8 ``[N, K]``, ``scale``
-    fp32 ``[N]``, ``x`` float ``[..., K]``; the output has ``x``'s dtype."""
+    fp32 ``[N]``, ``x`` float ``[..., K]``; the output has ``x``'s dtype. Runs the operator
+    ``torch.ops.pgc.int8_weight_only_linear``."""
     if act not in ACTS:
         raise ValueError(f"act must be one of {sorted(ACTS)}, not {act!r}")
     if weight.dtype != torch.int8 or weight.dim() != 2:
         raise ValueError("weight must be a 2-D int8 tensor")
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    y = torch.empty((x2.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    cfg = _config(x2, weight, scale, bias, y, ACTS[act])
-    _launch(x2, weight, scale, bias, y, ACTS[act], cfg)
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    return torch.ops.pgc.int8_weight_only_linear(x, weight, scale, bias, ACTS[act])
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,8 @@ from tests.compiler_tests.conftest import examples
 
 pytest.importorskip("triton")
 
+_INTERPRETED = (16, 32, 32, 1, 1)  # compiler._triton's one block choice under the interpreter
+
 CHECK = textwrap.dedent(
     """
     import json, sys
@@ -66,6 +68,47 @@ def test_fused_int8_weight_only_linear_matches_the_torch_reference() -> None:
         assert r["out"] == [r["shape"][0], r["shape"][2]] and r["dtype"] == "torch.float32"
     module = rows[-1]
     assert module["out"] == [2, 5, 32] and module["module_rel_err"] < 0.02
+
+
+def test_the_kernel_is_an_operator_that_compiled_graphs_keep() -> None:
+    """``torch.ops.pgc.int8_weight_only_linear`` is a ``triton_op``: export traces a model that
+    uses it without running the kernel (its fake output follows the body: shape and dtype),
+    and keeps the operator in the graph, where Inductor launches the Triton kernel from its
+    generated code (on a GPU: no Python launcher, CUDA graphs allowed). The block sizes are
+    the autotuner's, pruned to one under the interpreter, so nothing is timed on CPU."""
+    code = textwrap.dedent(
+        """
+        import json
+        import torch
+        from compiler import _triton
+        from compiler._triton import TritonInt8Linear
+        m = TritonInt8Linear(torch.nn.Linear(64, 50), act="relu")
+        ep = torch.export.export(m, (torch.randn(3, 7, 64),))
+        calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+        val = calls[0].meta["val"]
+        rows = [c.kwargs["BLOCK_M"] for c in _triton._prune(
+            _triton._int8_weight_only_linear.configs, {"M_BUCKET": 1})]
+        print(json.dumps({"ops": [str(n.target) for n in calls], "shape": list(val.shape),
+                          "dtype": str(val.dtype), "block_m": sorted(set(rows)),
+                          "op": hasattr(torch.ops.pgc, "int8_weight_only_linear")}))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items()
+                                            if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["op"] and got["ops"] == ["pgc.int8_weight_only_linear.default"]
+    assert got["shape"] == [3, 7, 50] and got["dtype"] == "torch.float32"
+    assert got["block_m"] == [16]  # one row: blocks of at most 16 rows are timed
+    pruned = _interpret(textwrap.dedent(
+        """
+        import json
+        from compiler import _triton
+        print(json.dumps([_triton._shape(c) for c in _triton._prune(
+            _triton._int8_weight_only_linear.configs, {"M_BUCKET": 64})]))
+        """))
+    assert pruned == [list(_INTERPRETED)]
 
 
 def test_kernel_rejects_what_it_cannot_run() -> None:
