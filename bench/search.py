@@ -68,12 +68,8 @@ from pgc_daemon.optimizer.search.prepare import (  # noqa: E402
     offline_profile,
     timing_inputs_for,
 )
-from pgc_daemon.optimizer.search.space import (  # noqa: E402
-    Space,
-    backends_for,
-    build_space,
-    choices_for,
-)
+from pgc_daemon.optimizer.search.offers import backends_for, choices_for  # noqa: E402
+from pgc_daemon.optimizer.search.space import Space, build_space  # noqa: E402
 from pgc_daemon.optimizer.search.study import Search  # noqa: E402
 from pgc_daemon.policy import Policy  # noqa: E402
 from profiler.shapes import shape_key  # noqa: E402

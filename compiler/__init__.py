@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from compiler.fidelity import METRICS, choose_metric, compare, fidelity
     from compiler.fingerprint import fingerprint
     from compiler._openvino import search_backends as openvino_backends
-    from compiler.hardware import Hardware, probe
+    from compiler.hardware import FP8_CAPABILITY, Hardware, probe
     from compiler._quiet import recompile_limit_hits, silence_recompile_limit
     from compiler.parts import DynamicShapes, Fusion, Kernels, Layout, Partition, ShapeBuckets
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
@@ -61,6 +61,7 @@ _LAZY: dict[str, str] = {
     "openvino_backends": "compiler._openvino",
     "recompile_limit_hits": "compiler._quiet",
     "silence_recompile_limit": "compiler._quiet",
+    "FP8_CAPABILITY": "compiler.hardware",
     "Hardware": "compiler.hardware",
     "probe": "compiler.hardware",
     "DynamicShapes": "compiler.parts",

@@ -120,7 +120,7 @@ def plan(by_layer: dict[str, list[str]], part: Quantization, ctx: BuildContext, 
     for layer, nodes in by_layer.items():
         choice = part.choice_for(layer)[0] if layer else (default or FP32)
         ok = choice.precision == "int8" and choice.scheme in ("static", "dynamic")
-        if choice.precision in ("bf16", "fp16") and layer:
+        if choice.precision in ("bf16", "fp16", "fp8") and layer:
             ctx.report.skip(layer, f"{choice.label()}: the openvino backend runs every float layer "
                             f"in the mode's precision ({precision})")
         elif choice.scheme == "weight_only" and layer:

@@ -1,4 +1,5 @@
-"""Per-layer precision: int8 (torchao or pt2e) and fp16/bf16 casts, layer by layer.
+"""Per-layer precision: int8 (torchao or pt2e), fp8 (torchao, on GPUs with float8 tensor
+cores) and fp16/bf16 casts, layer by layer.
 
 int8 dynamic and weight-only use torchao's tensor-subclass configs, applied with
 ``quantize_`` and a filter on qualified names, so module names stay what the profile saw.
@@ -24,7 +25,7 @@ from compiler._errors import BuildError
 from compiler._pt2e import PT2E_MODULES as STATIC_MODULES
 from compiler._pt2e import quantize_pt2e
 from compiler._registry import BuildContext, register_transform
-from compiler.hardware import probe
+from compiler.hardware import FP8_CAPABILITY, probe
 from compiler.parts import BackendMode
 from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization, Recipe
 
@@ -88,6 +89,25 @@ def _torchao() -> Any:
         quiet.setLevel(level)
 
 
+def fp8_unusable(model: nn.Module) -> str | None:
+    """None when float8 layers can run on this model's device, else why not."""
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cuda":
+        where = param.device.type if param is not None else "no parameters"
+        return f"fp8 needs a CUDA GPU of compute capability 8.9 or newer; the model is on {where}"
+    cap = torch.cuda.get_device_capability(param.device)
+    if cap < FP8_CAPABILITY:
+        return (f"fp8 needs compute capability 8.9 or newer (Ada, Hopper); "
+                f"{torch.cuda.get_device_name(param.device)} has {cap[0]}.{cap[1]}")
+    return None
+
+
+def _fp8_config() -> Any:
+    q, gran = _torchao()
+    return q.Float8DynamicActivationFloat8WeightConfig(granularity=gran.PerRow(),
+                                                       set_inductor_config=False)
+
+
 def _int8_config(choice: LayerQuant) -> Any:
     q, gran = _torchao()
     g = gran.PerRow() if choice.granularity == "per_channel" else gran.PerTensor()
@@ -141,6 +161,10 @@ def plan_layers(
             if key not in (None, DEFAULT_KEY):
                 cannot[name] = ("nn.MultiheadAttention reads its weight directly and never "
                                 "calls it: no layer choice of its own")
+            continue
+        if choice.precision == "fp8" and type(mod) is not nn.Linear:
+            if key not in (None, DEFAULT_KEY):
+                cannot[name] = f"{type(mod).__name__} has no fp8 path (Linear only)"
             continue
         if choice.precision == "int8":
             kinds = STATIC_MODULES if choice.scheme == "static" else INT8_MODULES
@@ -353,7 +377,11 @@ def _quantize_eager(model: nn.Module, plan: dict[str, LayerQuant], ctx: BuildCon
                 ctx.report.applied[name] = choice.label()
                 ctx.report.kernel_paths[name] = _half_path(choice.precision, modules[name])
             continue
-        config = _int8_config(choice)
+        if choice.precision == "fp8":
+            why = fp8_unusable(model)
+            if why is not None:
+                raise BuildError(why)
+        config = _fp8_config() if choice.precision == "fp8" else _int8_config(choice)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             q.quantize_(model, config, filter_fn=lambda _m, fqn: fqn in selected)

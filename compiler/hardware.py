@@ -21,6 +21,10 @@ _FEATURES = {
 }
 
 
+#: the GPUs whose tensor cores take float8 (Ada and Hopper on)
+FP8_CAPABILITY = (8, 9)
+
+
 @dataclass(frozen=True)
 class Hardware:
     cpu: str
@@ -48,6 +52,11 @@ class Hardware:
         f = self.features
         return bool(f.get("avx512_bf16") or f.get("amx_bf16"))
 
+    @property
+    def fp8_fast(self) -> bool:
+        """A GPU with float8 tensor cores (compute capability 8.9 on: Ada, Hopper)."""
+        return self.cuda and (self.gpu_capability or (0, 0)) >= FP8_CAPABILITY
+
     def key(self) -> str:
         """A short stable id for study names and cache keys."""
         parts = [self.arch, self.cpu, ",".join(k for k, v in sorted(self.features.items()) if v)]
@@ -66,6 +75,7 @@ class Hardware:
         d = asdict(self)
         d["int8_fast"] = self.int8_fast
         d["bf16_fast"] = self.bf16_fast
+        d["fp8_fast"] = self.fp8_fast
         d["key"] = self.key()
         return d
 

@@ -48,6 +48,9 @@ class Precision(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
+    #: float8 (e4m3) weights and dynamically scaled activations, one scale per row (torchao);
+    #: CUDA GPUs of compute capability 8.9 or newer only (Ada, Hopper)
+    FP8 = "fp8"
     INT8 = "int8"
 
 
@@ -133,14 +136,14 @@ class LayerQuant:
     @classmethod
     def parse(cls, text: str) -> LayerQuant:
         """Parse a label as written by :meth:`label` (``int8-dynamic-pc``, ``bf16``, ...)."""
-        if text in ("fp32", "fp16", "bf16"):
+        if text in ("fp32", "fp16", "bf16", "fp8"):
             return cls(precision=text)
         parts = text.split("-")
         if len(parts) == 3 and parts[0] == "int8":
             gran = {"pc": "per_channel", "pt": "per_tensor"}.get(parts[2])
             if gran is not None:
                 return cls(precision="int8", scheme=parts[1], granularity=gran)
-        raise RecipeError(f"not a layer choice: {text!r} (e.g. fp32, bf16, int8-dynamic-pc)")
+        raise RecipeError(f"not a layer choice: {text!r} (e.g. fp32, bf16, fp8, int8-dynamic-pc)")
 
 
 FP32 = LayerQuant()

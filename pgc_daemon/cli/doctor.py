@@ -216,7 +216,7 @@ def _thread_advice(t: dict[str, Any]) -> str:
 def collect() -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
-    from compiler import probe  # noqa: PLC0415
+    from compiler import FP8_CAPABILITY, probe  # noqa: PLC0415
     from profiler import availability  # noqa: PLC0415
 
     hw = probe()
@@ -229,7 +229,7 @@ def collect() -> dict[str, Any]:
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
             devices.append({"index": i, "name": torch.cuda.get_device_name(i),
-                            "capability": f"{cap[0]}.{cap[1]}"})
+                            "capability": f"{cap[0]}.{cap[1]}", "fp8": cap >= FP8_CAPABILITY})
     cupti_version = _version("cupti-python")
     cupti = dict(prof["cupti"], version=cupti_version, library=_version("nvidia-cuda-cupti"))
     cm, dm = _parse(cupti_version), _parse(driver["cuda"])
@@ -291,6 +291,11 @@ def uses(r: dict[str, Any]) -> list[str]:
         gpu = "GPU layers: CUDA events (resolved off the request path)"
         gpu += ", CUPTI kernel records" if r["cupti"]["available"] else f"; CUPTI off: {r['cupti']['detail']}"
         out.append(gpu)
+        fp8 = [d["name"] for d in r["cuda"]["devices"] if d["fp8"]]
+        out.append(f"GPU models: fp16, bf16, int8 weight-only (pgc's Triton kernel)"
+                   + (f" and fp8 ({', '.join(fp8)})" if fp8 else
+                      "; no fp8 (float8 tensor cores need compute capability 8.9)")
+                   + " are searched, through Inductor")
     else:
         out.append(f"GPU profiling: off ({r['cuda_events']['detail']})")
     cpu = r["cpu"]

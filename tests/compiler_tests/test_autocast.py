@@ -11,12 +11,8 @@ from torch import nn
 
 from compiler import Backend, Hardware, Quantization, Recipe, RecipeError, build
 from compiler._kernel_map import ENV
-from pgc_daemon.optimizer.search.space import (
-    AUTOCAST_BACKENDS,
-    MAX_AUTOTUNE,
-    backends_for,
-    build_space,
-)
+from pgc_daemon.optimizer.search.offers import AUTOCAST_BACKENDS, MAX_AUTOTUNE, backends_for
+from pgc_daemon.optimizer.search.space import build_space
 
 STATIC = Quantization.of({"_default": "int8-static-pc"})
 

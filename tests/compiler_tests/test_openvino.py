@@ -133,7 +133,7 @@ def test_a_missing_openvino_is_a_build_error_that_says_what_to_install(
     mlp_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from compiler import openvino_backends
-    from pgc_daemon.optimizer.search.space import backends_for
+    from pgc_daemon.optimizer.search.offers import backends_for
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
     with pytest.raises(BuildError, match=r"pip install pgc\[openvino\]"):

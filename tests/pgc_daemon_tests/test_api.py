@@ -253,6 +253,8 @@ def test_the_recipe_body_is_derived_from_the_compiler_types() -> None:
                backend=Backend("inductor", "max-autotune")),
         Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}),
                backend=Backend("inductor", "max-autotune", autocast="bf16")),
+        Recipe(quantization=Quantization.of({"_default": "fp8", "classifier": "fp16"}),
+               backend=Backend("inductor", "max-autotune")),
         Recipe.from_dict({"quantization": {}, "layout": {"memory_format": "channels_last"},
                           "kernels": {"linear": "triton"}, "partition": {"strategy": "memory"},
                           "buckets": {"sizes": [32, 64]}}),

@@ -213,3 +213,20 @@ def test_profile_of_a_compiled_recipe_splits_its_kernels_over_the_layers(
     assert "fused with" in rows["net.2"]["op_type"]  # a ReLU inside its linear's kernel
     assert sum(r["latency_ratio"] for r in report["layers"]) == pytest.approx(1.0, abs=1e-6)
     assert report["calls"] == 12
+
+
+def test_doctor_says_which_gpus_get_fp8_searched() -> None:
+    """On a machine with GPUs the doctor says what a model on them is searched with: fp8
+    only on GPUs with float8 tensor cores (compute capability 8.9 on). The report of this
+    machine, with GPUs put in (a CPU machine has none to show)."""
+    from pgc_daemon.cli.doctor import collect, uses
+
+    report = collect()
+    report["cuda"] = dict(report["cuda"], compatible=True, devices=[
+        {"index": 0, "name": "H100", "capability": "9.0", "fp8": True},
+        {"index": 1, "name": "A100", "capability": "8.0", "fp8": False}])
+    line = next(u for u in uses(report) if u.startswith("GPU models"))
+    assert "and fp8 (H100)" in line and "A100" not in line
+    report["cuda"]["devices"] = report["cuda"]["devices"][1:]
+    line = next(u for u in uses(report) if u.startswith("GPU models"))
+    assert "no fp8" in line

@@ -28,7 +28,8 @@ from pgc_daemon.optimizer.search.runner import (
     record_trial,
     run_live_search,
 )
-from pgc_daemon.optimizer.search.space import AUTOCAST_BACKENDS, PEER_BASELINES, backends_for
+from pgc_daemon.optimizer.search.offers import AUTOCAST_BACKENDS, backends_for
+from pgc_daemon.optimizer.search.space import PEER_BASELINES
 from pgc_daemon.optimizer.search.study import ADOPTS, EARLY
 from pgc_daemon.policy import Policy, load_policy
 from pgc_daemon.reservoir import InputReservoir

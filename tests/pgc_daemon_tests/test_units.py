@@ -420,7 +420,7 @@ def test_the_live_gap_is_the_idle_time_between_one_processs_requests() -> None:
 def test_the_policy_backends_narrow_the_space_to_what_is_installed(mlp_spec: dict) -> None:
     from pgc_daemon.errors import SearchError
     from pgc_daemon.optimizer.search.prepare import allowed_backends, shape_space
-    from pgc_daemon.optimizer.search.space import backends_for
+    from pgc_daemon.optimizer.search.offers import backends_for
 
     assert allowed_backends(Policy()) == backends_for()
     torch_only = Policy(backends=["inductor", "eager"])

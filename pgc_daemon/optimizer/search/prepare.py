@@ -16,14 +16,8 @@ from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.baselines import baselines_for
 from pgc_daemon.optimizer.search.evaluate import Evaluator
 from pgc_daemon.optimizer.search.hotprofile import time_candidates
-from pgc_daemon.optimizer.search.space import (
-    PEER_BASELINES,
-    SAFE,
-    Space,
-    backends_for,
-    build_space,
-    choices_for,
-)
+from pgc_daemon.optimizer.search.offers import backends_for, choices_for, on_gpu
+from pgc_daemon.optimizer.search.space import PEER_BASELINES, SAFE, Space, build_space
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
 from pgc_daemon.optimizer.search.trial import ServingThreads
 from profiler import profile_model, shape_key
@@ -71,10 +65,11 @@ def measure_sensitivity(
     max_layers: int = 2 * MAX_HOT,
 ) -> SensitivityReport:
     """Per-layer sensitivity of the layers that carry the live time (the hottest
-    ``max_layers`` of them) to the int8 choices the search offers; bf16 and int8 weight-only
+    ``max_layers`` of them) to the int8 (and fp8) choices the search offers; bf16 and int8 weight-only
     are close to lossless and not measured (so never pruned). Costs a few seconds a layer."""
     layers = time_candidates(model, profile)[:max_layers]
-    choices = [c for c in choices_for(probe()) if c.startswith("int8") and "weight_only" not in c]
+    choices = [c for c in choices_for(probe(), gpu=on_gpu(model))
+               if c == "fp8" or (c.startswith("int8") and "weight_only" not in c)]
     return sensitivity(
         model,
         inputs,

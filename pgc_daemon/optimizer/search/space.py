@@ -25,6 +25,7 @@ from compiler import (
     DynamicShapes,
     Fusion,
     Hardware,
+    Kernels,
     LayerQuant,
     Layout,
     Quantization,
@@ -32,28 +33,25 @@ from compiler import (
     SensitivityReport,
     ShapeBuckets,
     may_have_sibling_linears,
-    openvino_backends,
-    probe,
 )
 from compiler.recipe import DEFAULT_KEY
 from pgc_daemon.optimizer.search.hotprofile import hot_layers
+from pgc_daemon.optimizer.search.offers import (
+    AUTOCAST_BACKENDS,
+    GPU_BACKENDS,
+    MAX_AUTOTUNE,
+    backends_for,
+    choices_for,
+    on_gpu,
+)
 from profiler import parse_key
 
-BASE_CHOICES = ("fp32", "int8-static-pc", "int8-dynamic-pc", "int8-dynamic-pt",
-                "int8-weight_only-pc")
 SAFE = "fp32"
 #: a hot layer's own parameter is this and its name
 LAYER_PREFIX = "layer:"
 #: the int8 each peer backend is tried in first: ONNX Runtime's dynamic quantization, and
 #: OpenVINO in its default precision with NNCF's static int8 (measured fastest of each here)
 PEER_BASELINES = {"onnxruntime": "int8-dynamic-pc", "openvino": "int8-static-pc"}
-#: Inductor's C++ GEMM templates for int8 linears (MiniLM int8 at batch 1, AVX-512 EPYC, head
-#: to head: 4.08 against 4.39 ms a call; bf16 gained nothing); chosen by measurement
-MAX_AUTOTUNE = "inductor-max"
-#: Inductor under bf16 autocast (``compiler._autocast``): int8 kernels with bf16 between them,
-#: offered where the CPU has AMX (MiniLM int8 static at batch 1: 1.08-1.10x faster with it on
-#: a Xeon with AMX, 0.96x on an AVX-512-BF16 EPYC without)
-AUTOCAST_BACKENDS = ("inductor+bf16", "inductor-max+bf16")
 #: Whole-graph choices for convolutional models: as written, or BatchNorm folded, conv+ReLU
 #: fused and channels-last activations (what oneDNN's convolutions prefer).
 GRAPH_CHOICES = ("fused_cl", "as_is")
@@ -83,6 +81,8 @@ class Space:
     shape_choices: tuple[str, ...] = SHAPE_CHOICES
     sibling_linears: bool = False
     """Linears may read one tensor (query, key, value): Inductor recipes fuse them."""
+    gpu: bool = False
+    """The model is on a CUDA device: int8 weight-only layers run pgc's Triton kernel."""
 
     def choices_of(self, layer: str) -> tuple[str, ...]:
         return dict(self.per_layer).get(layer, self.layer_choices)
@@ -118,6 +118,8 @@ class Space:
         if params.get("buckets") == "dynamic" and self.bucket_sizes and \
                 parts["backend"].kind == "inductor":  # the others are dynamic already
             parts["dynamic"] = DynamicShapes(dim=1)
+        if self.gpu and any(c.scheme == "weight_only" for c in rules.values()):
+            parts["kernels"] = Kernels("triton")
         return Recipe(**parts)
 
     def params(self, default: str, backend: str, **layers: str) -> dict[str, Any]:
@@ -167,7 +169,10 @@ class Space:
         compiled, all-int8 static through :data:`MAX_AUTOTUNE`, fp32 under bf16 autocast
         where offered (nearly lossless), and all-int8 with the ``sensitive`` hot layers in
         bf16 where offered (in the int8 graph; MiniLM at batch 1, AVX-512-BF16 EPYC: 1.10x
-        faster than keeping them fp32 at the same cosine, 0.9959), else fp32."""
+        faster than keeping them fp32 at the same cosine, 0.9959), else fp32. On a GPU:
+        :meth:`gpu_baselines`."""
+        if self.gpu:
+            return self.gpu_baselines()
         backend = "inductor" if "inductor" in self.backends else self.backends[0]
         out = [self.params("fp32", backend)] if backend == "inductor" else []
         points = [("int8-static-pc", backend)]
@@ -188,6 +193,16 @@ class Space:
         for choice in ("int8-static-pc", "int8-dynamic-pc"):
             if choice in self.default_choices and keep:
                 out.append(self.params(choice, backend, **keep))
+        return [p for i, p in enumerate(out) if p not in out[:i]]
+
+    def gpu_baselines(self) -> list[dict[str, Any]]:
+        """On a GPU: fp32 compiled, then through max-autotune each of fp16, bf16, fp8 (where
+        offered) and int8 weight-only (pgc's Triton kernel), the fastest kinds first."""
+        backend = MAX_AUTOTUNE if MAX_AUTOTUNE in self.backends else self.backends[0]
+        out = [self.params(SAFE, "inductor")] if "inductor" in self.backends else []
+        for choice in ("fp16", "bf16", "fp8", "int8-weight_only-pc"):
+            if choice in self.default_choices:
+                out.append(self.params(choice, backend))
         return [p for i, p in enumerate(out) if p not in out[:i]]
 
     def _pools(self) -> list[tuple[str, Sequence[str]]]:
@@ -254,20 +269,10 @@ class Space:
             "bucket_sizes": list(self.bucket_sizes),
             "shape_choices": list(self.shape_choices) if self.bucket_sizes else [],
             "sibling_linears": self.sibling_linears,
+            "gpu": self.gpu,
             "pruned": [list(p) for p in self.pruned],
             "size": self.size,
         }
-
-
-def choices_for(hardware: Hardware) -> tuple[str, ...]:
-    """Layer choices worth trying on this machine (bf16 only where there are bf16 units, fp16
-    only on a GPU); the search measures which of them are really fast."""
-    out = list(BASE_CHOICES)
-    if hardware.bf16_fast or hardware.cuda:
-        out.append("bf16")
-    if hardware.cuda:
-        out.append("fp16")
-    return tuple(out)
 
 
 def prune(
@@ -311,8 +316,11 @@ def build_space(
 ) -> Space:
     """The space for ``model`` on this machine. ``shapes`` is the live traffic's calls per
     shape bucket: two or more sequence-length buckets offer shape bucketing."""
-    choices = tuple(choices or choices_for(hardware))
-    backends = tuple(backends or backends_for())
+    gpu = on_gpu(model)
+    choices = tuple(choices or choices_for(hardware, gpu=gpu))
+    backends = tuple(backends or backends_for(hardware))
+    if gpu:
+        backends = tuple(b for b in backends if b in GPU_BACKENDS) or GPU_BACKENDS[:1]
     hot = hot_layers(model, profile, coverage=coverage, max_hot=max_hot, sensitivity=sensitivity)
     per_layer, removed = prune(hot, choices, sensitivity, max_drop)
     # the default covers every other layer: prune what breaks the budget on any measured one
@@ -333,26 +341,9 @@ def build_space(
         graph_choices=GRAPH_CHOICES if has_conv else (),
         bucket_sizes=live_buckets(shapes or {}),
         sibling_linears=may_have_sibling_linears(model),
+        gpu=gpu,
     )
 
-
-def backends_for(hardware: Hardware | None = None) -> tuple[str, ...]:
-    """Inductor (also :data:`MAX_AUTOTUNE`) and eager everywhere, Inductor under bf16
-    autocast where the CPU has AMX (:data:`AUTOCAST_BACKENDS`); ONNX Runtime and OpenVINO
-    where installed (OpenVINO as ``openvino`` and, where its default precision is not f32,
-    ``openvino-f32``). Each is a :meth:`Backend.label`, which :meth:`Space.recipe` parses."""
-    out = ["inductor", MAX_AUTOTUNE]
-    if (hardware or probe()).features.get("amx_bf16"):
-        out += AUTOCAST_BACKENDS
-    out.append("eager")
-    try:
-        import onnxruntime  # noqa: F401, PLC0415
-    except ImportError:
-        pass
-    else:
-        out.append("onnxruntime")
-    out += [b.label() for b in openvino_backends()]
-    return tuple(out)
 
 
 def live_buckets(shapes: dict[str, int], *, min_share: float = 0.02) -> tuple[int, ...]:
