@@ -292,7 +292,7 @@ def uses(r: dict[str, Any]) -> list[str]:
         gpu += ", CUPTI kernel records" if r["cupti"]["available"] else f"; CUPTI off: {r['cupti']['detail']}"
         out.append(gpu)
         fp8 = [d["name"] for d in r["cuda"]["devices"] if d["fp8"]]
-        out.append(f"GPU models: fp16, bf16, int8 weight-only (pgc's Triton kernel)"
+        out.append("GPU models: fp16, bf16, int8 weight-only (pgc's Triton kernel)"
                    + (f" and fp8 ({', '.join(fp8)})" if fp8 else
                       "; no fp8 (float8 tensor cores need compute capability 8.9)")
                    + " are searched, through Inductor")
