@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import os
 import shutil
 import tempfile
@@ -74,15 +75,26 @@ def _model_entries(z: zipfile.ZipFile) -> list[str]:
 
 def plain_package(path: str | Path) -> bool:
     """Whether :class:`NativePackage` can run the package: one library holding its weights,
-    for the CPU, no proxy-executor ops, no weights beside it."""
+    for the CPU (its metadata's ``AOTI_DEVICE_KEY``: the container is made for the CPU, so a
+    CUDA package goes to the loader), no proxy-executor ops, no weights beside it."""
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
         model = _model_entries(z)
+        devices = {_device_of(z, n) for n in model if n.endswith("wrapper_metadata.json")}
     libraries = [n for n in model if n.endswith(".so")]
     extern = [n for n in model if n.endswith(".json") and not n.endswith(_OWN_JSON)]
     weights = [n for n in names if "/data/weights/" in n or "/data/constants/" in n]
     compiled = [n for n in model if n.endswith(".o")]
-    return len(libraries) == 1 and not extern and not weights and not compiled
+    return (len(libraries) == 1 and devices == {"cpu"} and not extern and not weights
+            and not compiled)
+
+
+def _device_of(z: zipfile.ZipFile, name: str) -> str | None:
+    """The device a package's wrapper was compiled for, from its metadata (None: unreadable)."""
+    try:
+        return str(json.loads(z.read(name))["AOTI_DEVICE_KEY"])
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def _check(code: int, what: str) -> None:

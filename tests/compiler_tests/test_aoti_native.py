@@ -76,6 +76,27 @@ def test_a_plain_package_runs_natively_with_the_loaders_outputs(package: tuple[P
     torch.testing.assert_close(native_out, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_only_a_cpu_package_runs_natively(package: tuple[Path, nn.Module, torch.Tensor],
+                                         tmp_path: Path) -> None:
+    """The native container is made for the CPU: a package compiled for CUDA (its metadata
+    says so) goes to torch's loader, which makes it for its device. Before, the check looked
+    at the files only, and a CUDA package would have been run on a CPU container."""
+    import json
+    import zipfile
+
+    path, _, _ = package
+    cuda = tmp_path / "cuda.pt2"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(cuda, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("wrapper_metadata.json"):
+                meta = json.loads(data)
+                assert meta["AOTI_DEVICE_KEY"] == "cpu"
+                data = json.dumps(dict(meta, AOTI_DEVICE_KEY="cuda")).encode()
+            dst.writestr(item, data)
+    assert plain_package(path) and not plain_package(cuda)
+
+
 def test_other_threads_run_while_a_package_computes(
     package: tuple[Path, nn.Module, torch.Tensor], one_thread: None
 ) -> None:
