@@ -106,16 +106,22 @@ def peer(model: nn.Module) -> nn.Module:
 
 
 def candidates(model: nn.Module) -> list[Any]:
-    """The recipes pgc's search tries first for this model on this GPU."""
+    """The recipes pgc's search tries first for this model where it is (``Space.baselines``:
+    on a GPU, its GPU baselines)."""
     from compiler import probe  # noqa: PLC0415
     from pgc_daemon.optimizer.search.space import build_space  # noqa: PLC0415
 
     space = build_space(model, [], probe())
-    assert space.gpu, "the model is not on a GPU"
-    return [space.recipe(p) for p in space.gpu_baselines()]
+    return [space.recipe(p) for p in space.baselines()]
 
 
 def timed(fn: nn.Module, args: tuple[torch.Tensor, ...]) -> float:
+    """One call's milliseconds: CUDA events around it on a GPU, the clock elsewhere (the
+    script's plumbing is tested on CPU)."""
+    if not args[0].is_cuda:
+        t0 = time.perf_counter()
+        fn(*args)
+        return (time.perf_counter() - t0) * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn(*args)

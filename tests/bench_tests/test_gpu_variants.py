@@ -71,3 +71,42 @@ def test_the_candidates_are_what_the_search_tries_first_on_a_gpu(
     assert any(lbl.startswith("fp16 · inductor-max") for lbl in labels)
     assert any(r.kernels.linear == "triton" for r in recipes)  # int8 weight-only: pgc's kernel
     assert not any("int8-static" in lbl for lbl in labels)
+
+
+@pytest.mark.slow
+def test_a_case_runs_end_to_end_on_cpu(gv, mlp_spec: dict,  # noqa: ANN001
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plumbing one GPU run depends on, on the digits MLP on CPU: the peer and pgc's
+    candidates built and timed in shuffled rounds, fidelity per arm, pgc's best among the
+    faithful candidates, and a build past the time budget named, not run. (The peer here is
+    the fp16 model uncompiled: max-autotune on CPU takes minutes.)"""
+    model = mlp_spec["model"].eval()
+    inputs = [tuple(ex) for ex in mlp_spec["example_inputs"][:4]]
+    monkeypatch.setattr(gv, "load", lambda case, device="cuda": (model, inputs))
+
+    def peer(m):  # noqa: ANN001, ANN202
+        half = __import__("copy").deepcopy(m).half()
+        return lambda *a: half(*(x.half() for x in a)).float()
+
+    monkeypatch.setattr(gv, "peer", peer)
+    built = []
+    real_candidates = gv.candidates
+    monkeypatch.setattr(gv, "candidates", lambda m: real_candidates(m)[:2])
+    import compiler
+
+    real_build = compiler.build
+
+    def build_once(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        built.append(a[1].label())
+        return real_build(*a, **k)
+
+    monkeypatch.setattr(compiler, "build", build_once)
+    out = gv.run_case("minilm_b1", deadline=__import__("time").monotonic() + 600, rounds=3)
+    arms = out["arms"]
+    assert {"fp32", "compiled fp16"} <= set(arms) and len(built) == 2
+    assert set(built) <= set(arms) | set(out["skipped"])
+    assert arms["fp32"]["cosine"] == pytest.approx(1.0) and all(a["ms"] > 0 for a in arms.values())
+    assert out["pgc_best"] in built and out["over_compiled_fp16"] > 0
+    late = gv.run_case("minilm_b1", deadline=0.0, rounds=1)  # no time left: nothing built
+    assert set(late["arms"]) == {"fp32", "compiled fp16"} and late["pgc_best"] is None
+    assert all(why == "out of the time budget" for why in late["skipped"].values())
