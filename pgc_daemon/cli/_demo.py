@@ -390,9 +390,9 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
             hot.add_column(col, justify="right" if col in ("share", "mean ms") else "left",
                            no_wrap=True)
         room = max(30, console.width - 30)  # what borders and the two numbers leave
+        layer_w = room * 11 // 20
         for h in r.get(key) or []:  # one line a row: a layer's tail tells it apart (JSON: whole)
-            hot.add_row(clip(h["layer"], room * 11 // 20, tail=True),
-                        clip(h["op_type"], room - room * 11 // 20),
+            hot.add_row(clip(h["layer"], layer_w, tail=True), clip(h["op_type"], room - layer_w),
                         f"{h['share']:.1%}", f"{h['mean_ms']:.3f}")
         if r.get(key):
             console.print(hot)

@@ -66,7 +66,8 @@ def measure_sensitivity(
 ) -> SensitivityReport:
     """Per-layer sensitivity of the layers that carry the live time (the hottest
     ``max_layers`` of them) to the int8 (and fp8) choices the search offers; bf16 and int8
-    weight-only are close to lossless and not measured (so never pruned). Costs a few seconds a layer."""
+    weight-only are close to lossless and not measured (so never pruned). Costs a few
+    seconds a layer."""
     layers = time_candidates(model, profile)[:max_layers]
     choices = [c for c in choices_for(probe(), gpu=on_gpu(model))
                if c == "fp8" or (c.startswith("int8") and "weight_only" not in c)]
