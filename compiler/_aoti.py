@@ -33,6 +33,7 @@ at the latest, when the process exits (see :func:`compiler._aoti_native.extract_
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -175,6 +176,19 @@ def _package_loader(path: str | Path) -> Any:
                 os.environ["TMPDIR"] = before
 
 
+@functools.cache
+def allow_amx() -> bool:
+    """Ask Linux for the AMX tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM)``), once per
+    process; False on a CPU without AMX. A process must ask before its first AMX instruction
+    or that instruction kills it (SIGILL). Inductor asks when it probes the CPU and oneDNN
+    when it first runs an AMX primitive, but a serving process that only loads packages does
+    neither: a bf16 max-autotune package (Inductor's AMX GEMM template) ended such a process
+    on its first call, MiniLM's and a two-layer MLP's alike, unless an int8 oneDNN layer
+    happened to run before the template's kernel."""
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init()) if init is not None else False
+
+
 class PackageRunner:
     """One loaded package. A plain package runs through its library's C interface, the GIL
     released for the call (:mod:`compiler._aoti_native`); any other through torch's loader,
@@ -183,6 +197,7 @@ class PackageRunner:
     def __init__(self, path: str | Path, *, copy_inputs: bool = False) -> None:
         #: the package writes into its inputs: it is called on copies (``compiler._inputs``)
         self.copy_inputs = copy_inputs
+        allow_amx()
         self.native = NativePackage(path) if plain_package(path) else None
         self.loader = None if self.native is not None else _package_loader(path)
         spec = self.native.call_spec if self.native is not None else self.loader.get_call_spec()
