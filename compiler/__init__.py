@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from compiler._siblings import may_have_sibling_linears
     from compiler._quant import refused
     from compiler._ort import untraceable_inputs
+    from compiler._twin_weights import SharedWeights, share_weights
 
 _LAZY: dict[str, str] = {
     "BuildReport": "compiler._registry",
@@ -80,6 +81,8 @@ _LAZY: dict[str, str] = {
     "may_have_sibling_linears": "compiler._siblings",
     "refused": "compiler._quant",
     "untraceable_inputs": "compiler._ort",
+    "SharedWeights": "compiler._twin_weights",
+    "share_weights": "compiler._twin_weights",
 }
 #: Public names whose object has another name in its module.
 _RENAMED = {"openvino_backends": "search_backends"}

@@ -35,13 +35,29 @@ from pathlib import Path
 import torch
 
 _MODEL_DIR = "data/aotinductor/model/"
-_OWN_JSON = ("_metadata.json", "_compile_flags.json", "_linker_flags.json")
+#: files of a package's model folder that are its own (``kernel_information.json``: the
+#: generated kernels' source lines, which a profiling twin carries), not proxy-executor ops
+_OWN_JSON = ("_metadata.json", "_compile_flags.json", "_linker_flags.json",
+             "kernel_information.json")
 
 _api = ctypes.pythonapi
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+
+class _ConstantEntry(ctypes.Structure):
+    """``AOTInductorConstantMapEntry``: a constant's name and its ``AtenTensorHandle``."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("handle", ctypes.c_void_p)]
+
+
+_torch_lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+_torch_lib.aoti_torch_new_tensor_handle.argtypes = [
+    ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+_torch_lib.aoti_torch_new_tensor_handle.restype = ctypes.c_int
 
 _EXTRACT_LOCK = threading.Lock()
 _extract_root: tuple[int, str] | None = None
@@ -151,8 +167,80 @@ class NativePackage:
         return torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(
             [_api.PyCapsule_New(p, None, None) for p in outputs])
 
+    def constants(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """The container's constants, by original name (FQN) -> (its name in the library,
+        a tensor aliasing it), for the FQNs only one constant has (generated ones, such as
+        a quantized layer's zero points, can share one) and not folded at run time. The
+        tensors alias memory this package owns: keep the package while they are used."""
+        lib, h = self._lib, self._handle
+        _set_types(lib)
+        n = ctypes.c_size_t()
+        _check(lib.AOTInductorModelContainerGetNumConstants(h, ctypes.byref(n)), "GetNumConstants")
+        names: dict[str, list[str]] = {}
+        for i in range(n.value):
+            name, fqn, folded = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_bool()
+            _check(lib.AOTInductorModelContainerGetConstantName(h, i, ctypes.byref(name)), "name")
+            _check(lib.AOTInductorModelContainerGetConstantOriginalFQN(h, i, ctypes.byref(fqn)),
+                   "FQN")
+            _check(lib.AOTInductorModelContainerGetConstantFromFolded(h, i, ctypes.byref(folded)),
+                   "FromFolded")
+            if not folded.value:
+                own = (name.value or b"").decode()
+                names.setdefault((fqn.value or b"").decode(), []).append(own)
+        entries, count = ctypes.POINTER(_ConstantEntry)(), ctypes.c_size_t()
+        _check(lib.AOTInductorModelContainerExtractConstantsMapEntries(
+            h, ctypes.byref(entries), ctypes.byref(count), False), "ExtractConstantsMapEntries")
+        out = {}
+        for i in range(count.value):
+            fqn = (entries[i].name or b"").decode()
+            if len(names.get(fqn, ())) != 1:
+                continue
+            alias = ctypes.c_void_p()
+            _check(_torch_lib.aoti_torch_new_tensor_handle(entries[i].handle, ctypes.byref(alias)),
+                   "new tensor handle")
+            tensor = torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(
+                _api.PyCapsule_New(alias.value, None, None))
+            out[fqn] = (names[fqn][0], tensor)
+        return out
+
+    def use_constants(self, tensors: dict[str, torch.Tensor], owner: object) -> None:
+        """Run on ``tensors`` (by name in the library) instead of the package's own copies,
+        in place, without copying them; ``owner`` (whatever keeps their memory) is kept as
+        long as this package is."""
+        capsules = [torch._C._aoti.unsafe_alloc_void_ptr_from_tensor(t) for t in tensors.values()]
+        pairs = (_ConstantEntry * len(tensors))(*(
+            _ConstantEntry(name.encode(), _api.PyCapsule_GetPointer(c, None))
+            for name, c in zip(tensors, capsules, strict=True)))
+        _set_types(self._lib)
+        _check(self._lib.AOTInductorModelContainerUpdateUserManagedConstantBufferPairs(
+            self._handle, pairs, len(tensors), False, False), "UpdateUserManagedConstantBuffer")
+        # the container holds the handles, not references: they live as long as this does
+        self._borrowed = (owner, list(tensors.values()), capsules)
+
     def close(self) -> None:
         self._finalizer()
+
+
+def _set_types(lib: ctypes.CDLL) -> None:
+    """Argument types of the constant functions (:meth:`NativePackage.constants`)."""
+    if getattr(lib, "_pgc_constant_types", False):
+        return
+    handle, size, text = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)
+    for name, args in (
+        ("AOTInductorModelContainerGetNumConstants", [handle, ctypes.POINTER(size)]),
+        ("AOTInductorModelContainerGetConstantName", [handle, size, text]),
+        ("AOTInductorModelContainerGetConstantOriginalFQN", [handle, size, text]),
+        ("AOTInductorModelContainerGetConstantFromFolded",
+         [handle, size, ctypes.POINTER(ctypes.c_bool)]),
+        ("AOTInductorModelContainerExtractConstantsMapEntries",
+         [handle, ctypes.POINTER(ctypes.POINTER(_ConstantEntry)), ctypes.POINTER(size),
+          ctypes.c_bool]),
+        ("AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
+         [handle, ctypes.POINTER(_ConstantEntry), size, ctypes.c_bool, ctypes.c_bool]),
+    ):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int
+    lib._pgc_constant_types = True
 
 
 def _release(lib: ctypes.CDLL, handle: int, folder: Path) -> None:

@@ -116,7 +116,9 @@ class KernelTimer:
         of the module sampled calls run and of the one every other call runs), what a sampled
         call costs that the live call does not, and take it out of sampled calls from then
         on; returns it (ns). Calls are timed interleaved, in rounds: the variant, the twin
-        without the profiler, the twin with it. Two parts, each the median over rounds of a
+        without the profiler, the variant again (untimed), the twin with it: each twin call
+        follows a variant call, as a sampled call does (the twin right after itself runs
+        warmer than live). Two parts, each the median over rounds of a
         difference within the round (a round a burst of other work hits moves one
         difference, not the estimate): what recording costs per event (the twin with and
         without the profiler), and what the twin costs over the variant without it: a
@@ -133,6 +135,7 @@ class KernelTimer:
             t = _perf_ns()
             twin()
             off = _perf_ns() - t
+            variant()
             trace = profile(use_cpu=True)
             trace.__enter__()
             try:

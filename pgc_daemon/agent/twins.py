@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 import store as st
-from compiler import compare
+from compiler import compare, share_weights
 from pgc_daemon.agent.contract import Served
 from pgc_daemon.agent.ompthreads import set_thread_count
 from pgc_daemon.agent.runtime import Launcher, in_short_thread, thread_nice
@@ -91,6 +91,8 @@ class TwinWatch:
         self._loaded: dict[int, tuple[torch.nn.Module, object]] = {}  # variant -> (twin, kernels)
         #: what the last look found, for the agent's status
         self.state = "none"
+        #: which weights the last twin loaded reads from its variant
+        self.weights = "none"
 
     def check(self, now: float | None = None) -> bool:
         """Look at the serving slot; returns whether a twin was put on it now."""
@@ -124,6 +126,7 @@ class TwinWatch:
             twin = in_short_thread(self._variants.load_twin, recipe, digest)
             if twin.kernel_layers is None:
                 raise ValueError("the twin's kernels are not mapped to layers")
+            self.weights = self._share_weights(twin.module, slot.module)
             in_short_thread(self._check_outputs, slot.module, twin.module)
         except Exception as exc:  # noqa: BLE001 - the variant serves all the same
             self.state = f"not loaded: {describe(exc)}"
@@ -131,6 +134,16 @@ class TwinWatch:
             return False
         self._loaded[slot.variant_id] = (twin.module, twin.kernel_layers)
         return self._put(slot, twin.module, twin.kernel_layers)
+
+    def _share_weights(self, twin: torch.nn.Module, module: torch.nn.Module) -> str:
+        """The twin reads the variant's weights where they are equal (``compiler.share_weights``:
+        its own copies, read once in hundreds of calls, ran its sampled calls from memory);
+        a failure leaves it its own, which compute the same."""
+        try:
+            return in_short_thread(share_weights, twin, module).describe()
+        except Exception as exc:  # noqa: BLE001 - the twin keeps its own weights
+            log.warning("profiling twin keeps its own weights: %s", describe(exc))
+            return f"weights not shared: {describe(exc)}"
 
     def _check_outputs(self, module: torch.nn.Module, twin: torch.nn.Module) -> None:
         """Warm the twin on live inputs (one per shape) and check it computes what the
@@ -149,7 +162,8 @@ class TwinWatch:
         new = dataclasses.replace(slot, twin=GuardedTwin(twin, slot.module), kernels=kernels)
         served.swap(new)
         self._calibrate(new, "loaded")
-        log.info("profiling twin of %s loaded: sampled calls are split over its layers", slot.label)
+        log.info("profiling twin of %s loaded (%s): sampled calls are split over its layers",
+                 slot.label, self.weights)
         return True
 
     def _calibrate(self, slot: Slot, what: str) -> None:
@@ -182,6 +196,8 @@ class TwinWatch:
             detail, threads, nice = f"not calibrated: {describe(exc)}", None, None
             log.warning("profiling twin of %s %s", slot.label, detail)
         self._calibrated[variant_id] = (time.monotonic(), load)
+        if what == "loaded":
+            detail = f"{detail}; {self.weights}"
         self.state = f"{what} for variant {slot.variant_id} ({detail})"
         served.profiler.event("profiler", "info", f"profiling twin of {slot.label} {what}: "
                               f"{detail}", {"variant_id": slot.variant_id, "load_cores": load,

@@ -192,6 +192,8 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         assert not kernels & _kernel_events(served.slot.module, _inputs(mlp_spec)[0])
         assert served.status()["profile_twin"].startswith("loaded")
         assert "over a live one" in served.status()["profile_twin"]  # calibrated in this process
+        # on the variant's own weights (the same memory), every one of them equal
+        assert ", 0 kept its own, over 1 package(s)" in served.status()["profile_twin"]
         # as the variant's calls are served: at its thread count, not the swapper's priority
         threads = served.tuner.chosen(served.slot.variant_id) or served.tuner.configured
         assert f"measured at {threads} thread" in served.status()["profile_twin"]

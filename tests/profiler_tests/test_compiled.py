@@ -4,6 +4,7 @@ the map survives the artifact round trip, so a process that only loads the packa
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from compiler import (
     build,
     build_profiling_twin,
     load_artifact,
+    share_weights,
 )
 from compiler._kernel_map import ENV
 from profiler._compiled import event_name
@@ -290,3 +292,35 @@ def test_what_a_twin_costs_over_its_variant_is_taken_out_of_its_rows(variant) ->
     assert before - after > 0.6 * spin_ns / 1e6, (before, after)
     # a module timed by hooks has nothing to calibrate
     assert prof.calibrate(nn.Linear(2, 2), lambda: None, lambda: None) is None
+
+
+def test_a_loaded_twin_reads_the_variants_weights_where_they_are_equal(mlp_and_twin) -> None:
+    """In the serving process the twin runs on the variant's weights (the same memory): its
+    own copies, read once in hundreds of calls, ran from memory rather than the caches. Only
+    equal weights are taken: an fp32 variant's are not an int8 twin's."""
+    model, recipe, examples, folder, v, twin = mlp_and_twin
+    other = CompileCache(folder)  # a serving process: loads both
+    variant = load_artifact(model, recipe, v.artifact, cache=other)
+    loaded = load_artifact(model, recipe, twin.artifact, cache=other, profiled=True)
+    x = examples[0][0][0]
+    with torch.inference_mode():
+        before = loaded.module(x)
+
+    fp32 = build(model, Recipe(backend=Backend("inductor")), calibration=examples, cache=other)
+    mixed = share_weights(loaded.module, fp32.module)  # int8 static keeps fp32 biases only
+    assert (mixed.shared, mixed.kept) == (3, 6), mixed
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.module(x), before, rtol=0, atol=0)
+
+    shared = share_weights(loaded.module, variant.module)
+    assert shared.packages == 1 and shared.kept == 0 and shared.shared >= 6  # 3 weights, 3 biases
+    twin_pkg = next(iter(loaded.module.runners.values())).native
+    variant_pkg = next(iter(variant.module.runners.values())).native
+    theirs = {fqn: t for fqn, (_, t) in variant_pkg.constants().items()}
+    ours = {fqn: t for fqn, (_, t) in twin_pkg.constants().items()}
+    strided = [f for f, t in ours.items() if t.layout == torch.strided]
+    assert strided and all(ours[f].data_ptr() == theirs[f].data_ptr() for f in strided)
+    del variant, variant_pkg, theirs
+    gc.collect()  # the twin keeps what it reads alive
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.module(x), before, rtol=0, atol=0)
