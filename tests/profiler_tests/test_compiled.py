@@ -294,10 +294,13 @@ def test_what_a_twin_costs_over_its_variant_is_taken_out_of_its_rows(variant) ->
     assert prof.calibrate(nn.Linear(2, 2), lambda: None, lambda: None) is None
 
 
-def test_a_loaded_twin_reads_the_variants_weights_where_they_are_equal(mlp_and_twin) -> None:
+def test_a_loaded_twin_reads_the_variants_weights_where_they_are_equal(
+    mlp_and_twin, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In the serving process the twin runs on the variant's weights (the same memory): its
     own copies, read once in hundreds of calls, ran from memory rather than the caches. Only
     equal weights are taken: an fp32 variant's are not an int8 twin's."""
+    monkeypatch.delenv(ENV, raising=False)  # a serving process (the `variant` fixture sets it)
     model, recipe, examples, folder, v, twin = mlp_and_twin
     other = CompileCache(folder)  # a serving process: loads both
     variant = load_artifact(model, recipe, v.artifact, cache=other)
