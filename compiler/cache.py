@@ -78,6 +78,8 @@ from compiler.recipe import Recipe
 
 ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_", "TRITON_", "DNNL_", "ONEDNN_")
 ENV_NAMES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", KERNEL_ENV)
+#: a folder for Inductor's kernel cache shared by every pgc work dir (unset: each its own)
+SHARED_INDUCTOR_ENV = "PGC_INDUCTOR_CACHE_DIR"
 ENV_IGNORED = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE_DIR")
 
 
@@ -495,13 +497,16 @@ class CompileCache:
     @contextlib.contextmanager
     def inductor_dir(self) -> Iterator[None]:
         """Inductor writes and reads its kernel cache in pgc's folder while inside (the
-        variable is restored after; kernels already loaded stay loaded)."""
+        variable is restored after; kernels already loaded stay loaded): the cache folder's
+        ``inductor``, or :data:`SHARED_INDUCTOR_ENV`'s folder where that is set (one kernel
+        cache for every pgc work dir of a user on the machine; private like the rest)."""
         if self.folder is None:
             yield
             return
         name = "TORCHINDUCTOR_CACHE_DIR"
+        shared = os.environ.get(SHARED_INDUCTOR_ENV)
         before = os.environ.get(name)
-        os.environ[name] = str(self.folder / "inductor")
+        os.environ[name] = str(private_dir(shared) if shared else self.folder / "inductor")
         try:
             yield
         finally:

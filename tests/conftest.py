@@ -3,7 +3,10 @@ fast enough for tests, and small real models trained on scikit-learn's digits.""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +17,14 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# One Inductor kernel cache for every test's work dir (and the workers and daemons tests
+# start, which inherit it): tests build the same small graphs again and again, and a cold
+# cache compiles each kernel's C++ anew. Tests about pgc's own folder unset it.
+if "PGC_INDUCTOR_CACHE_DIR" not in os.environ:
+    _kernels = tempfile.mkdtemp(prefix="pgc-test-inductor-")
+    os.environ["PGC_INDUCTOR_CACHE_DIR"] = _kernels
+    atexit.register(shutil.rmtree, _kernels, ignore_errors=True)
 
 
 @pytest.fixture

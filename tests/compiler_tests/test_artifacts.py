@@ -33,6 +33,7 @@ from compiler import (
     probe,
 )
 from compiler._aoti import AotiModule
+from compiler.cache import SHARED_INDUCTOR_ENV
 from tests.compiler_tests.conftest import token_batch
 
 RECIPE = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}), backend=Backend("inductor"))
@@ -91,8 +92,12 @@ print(json.dumps({"cache": v.report.cache, "load_s": v.report.build_s, "type": t
 
 
 def _run(script: str, *args: str) -> dict[str, Any]:
+    # Inductor's kernels in the process's own work dir (not the tests' shared kernel cache):
+    # where they went is checked below
+    env = {k: v for k, v in os.environ.items() if k != SHARED_INDUCTOR_ENV}
     proc = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from compiler import Backend, CompileCache, Quantization, Recipe, build, cache_key
+from compiler import (
+    Backend, CompileCache, Quantization, Recipe, UnsafeFolderError, build, cache_key,
+)
+from compiler.cache import SHARED_INDUCTOR_ENV
 from tests.compiler_tests.conftest import examples, outputs
 
 STATIC = Recipe(quantization=Quantization.of({"_default": "int8-static-pc"}), backend=Backend("inductor"))
@@ -71,8 +75,9 @@ def test_cache_locations_are_not_part_of_the_key(mlp_spec: dict[str, Any]) -> No
 
 
 def test_same_key_rebuilds_bit_identical_outputs_from_memory_and_disk(
-    cnn_spec: dict[str, Any], tmp_path: Path
+    cnn_spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv(SHARED_INDUCTOR_ENV, raising=False)  # Inductor's kernels: pgc's folder
     cal = examples(cnn_spec, 8)
     test = examples(cnn_spec, 4)
     cache = CompileCache(tmp_path)
@@ -147,3 +152,25 @@ def test_a_corrupt_disk_entry_is_a_miss_not_an_error(mlp_spec: dict[str, Any], t
     rebuilt = build(mlp_spec["model"], recipe, calibration=cal, cache=fresh)
     assert rebuilt.report.cache == "miss" and fresh.stats.misses == 1
     assert len(rebuilt.report.applied) == 3
+
+
+def test_a_shared_kernel_cache_is_used_only_when_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PGC_INDUCTOR_CACHE_DIR``: one Inductor cache for every work dir, made private like
+    pgc's own folders; a folder others may write to is refused (pgc loads code from it)."""
+    cache = CompileCache(tmp_path / "work")
+    shared = tmp_path / "kernels"
+    monkeypatch.setenv(SHARED_INDUCTOR_ENV, str(shared))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with cache.inductor_dir():
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(shared)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # put back
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+    shared.chmod(0o777)
+    with pytest.raises(UnsafeFolderError, match="writable by group or others"):
+        with cache.inductor_dir():
+            pass
+    monkeypatch.delenv(SHARED_INDUCTOR_ENV)
+    with cache.inductor_dir():
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "work" / "inductor")
