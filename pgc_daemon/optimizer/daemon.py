@@ -83,7 +83,11 @@ class Daemon:
         self._thread.start()
 
     def stop(self, *, kill_workers: bool = True) -> None:
+        """Stop the loop; with ``kill_workers``, end the search workers at once (a search
+        must not go on for the seconds the loop's last tick may take), then any that tick
+        started."""
         self._stop.set()
+        self.workers.stop(kill=kill_workers)
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.workers.stop(kill=kill_workers)
