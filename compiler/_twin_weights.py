@@ -64,7 +64,9 @@ def share_weights(twin: nn.Module, variant: nn.Module) -> SharedWeights:
     return SharedWeights(shared, shared_bytes, kept, len(pairs))
 
 
-def _package_pairs(twin: nn.Module, variant: nn.Module) -> list[tuple[NativePackage, NativePackage]]:
+def _package_pairs(
+    twin: nn.Module, variant: nn.Module
+) -> list[tuple[NativePackage, NativePackage]]:
     runners_t, runners_v = getattr(twin, "runners", None), getattr(variant, "runners", None)
     if not isinstance(runners_t, dict) or not isinstance(runners_v, dict):
         return []
