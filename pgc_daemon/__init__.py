@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pgc_daemon.errors import PgcError, PolicyError, SearchError, SpecError
     from pgc_daemon.policy import Policy
     from pgc_daemon.settings import Settings
+    from profiler import exclusive_trace
 
 _PUBLIC = {
     "PgcError": "pgc_daemon.errors",
@@ -27,6 +28,7 @@ _PUBLIC = {
     "Settings": "pgc_daemon.settings",
     "SpecError": "pgc_daemon.errors",
     "attach": "pgc_daemon.agent",
+    "exclusive_trace": "profiler",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -29,6 +29,7 @@ from profiler._host import HostSampler, LeakDetector, LeakWarning
 from profiler._offline import OfflineProfile, group_name, layout_conversions, profile_model
 from profiler._profiler import Profiler
 from profiler._rows import HostRow, LayerRow, ProfilerEvent, RequestRow, SampledRow
+from profiler._trace import TraceBusy, exclusive_trace
 from profiler._window import LATENCY_BUCKETS_MS, Totals, Window, WindowAggregator
 from profiler.shapes import parse_key, seq_bucket, shape_key
 
@@ -84,6 +85,7 @@ __all__ = [
     "RateController",
     "RequestRow",
     "SampledRow",
+    "TraceBusy",
     "Totals",
     "Window",
     "WindowAggregator",
@@ -93,6 +95,7 @@ __all__ = [
     "cupti_status",
     "derived",
     "dispatch_cost_ns",
+    "exclusive_trace",
     "foreign_cost_ns",
     "group_name",
     "kernel_trace_cost",

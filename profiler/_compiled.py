@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from profiler._hooks import RawCall
+from profiler._trace import TraceBusy, end_trace, exclusive_trace, try_trace
 
 _perf_ns = time.perf_counter_ns
 BETWEEN = "(between kernels)"
@@ -76,7 +77,7 @@ def event_cost_ns() -> tuple[int, int]:
         plain, profiled = [], []
         for _ in range(5):
             plain.append(run(n))
-            with profile(activities=[ProfilerActivity.CPU]):
+            with exclusive_trace(), profile(activities=[ProfilerActivity.CPU]):
                 profiled.append(run(n))
         extra[n] = statistics.median(profiled) - statistics.median(plain)
     per_event = max(0.0, (extra[101] - extra[1]) / 100)
@@ -104,11 +105,12 @@ class KernelTimer:
         """Nothing to let go of (a ``LayerTimer`` lets go of its hook twin)."""
 
     def attach(self, counters: bool = False) -> None:  # noqa: ARG002 - no counters per kernel
-        from torch.autograd.profiler import profile  # noqa: PLC0415
-
+        """Trace this call; ``TraceBusy`` (the call is not sampled) while another trace in
+        this process is in flight: two at once end the process (``profiler._trace``)."""
         self._seq += 1
-        self._trace = profile(use_cpu=True)  # CPU ops only (torch.profiler's own front end
-        self._trace.__enter__()  # adds 60 µs a call for schedules this does not use)
+        self._trace = try_trace()
+        if self._trace is None:
+            raise TraceBusy("another torch.profiler trace is in flight")
 
     def calibrate(self, twin: Callable[[], Any], variant: Callable[[], Any],
                   repeats: int = 12) -> int:
@@ -136,14 +138,15 @@ class KernelTimer:
             twin()
             off = _perf_ns() - t
             variant()
-            trace = profile(use_cpu=True)
-            trace.__enter__()
-            try:
-                t = _perf_ns()
-                twin()
-                on = _perf_ns() - t
-            finally:
-                trace.__exit__(None, None, None)
+            with exclusive_trace():
+                trace = profile(use_cpu=True)
+                trace.__enter__()
+                try:
+                    t = _perf_ns()
+                    twin()
+                    on = _perf_ns() - t
+                finally:
+                    trace.__exit__(None, None, None)
             events.append(sum(1 for _ in trace.kineto_results.events()))
             recording.append(on - off)
             twin_extra.append(off - plain)
@@ -157,7 +160,7 @@ class KernelTimer:
     def detach(self) -> None:
         trace, self._trace = self._trace, None
         if trace is not None:
-            trace.__exit__(None, None, None)
+            end_trace(trace)
             self._last = trace
 
     def take(self) -> RawCall:

@@ -21,6 +21,7 @@ from torch import nn
 from profiler._config import ProfilerConfig
 from profiler._counters import derived
 from profiler._profiler import Profiler
+from profiler._trace import exclusive_trace
 from profiler.shapes import shape_key
 
 Example = tuple[tuple[Any, ...], dict[str, Any]]
@@ -180,7 +181,7 @@ def layout_conversions(model: nn.Module, examples: Sequence[Example], calls: int
         h1 = _module.register_module_forward_pre_hook(pre)
         h2 = _module.register_module_forward_hook(post, always_call=True)
         try:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with exclusive_trace(), profile(activities=[ProfilerActivity.CPU]) as prof:
                 for i in range(n):
                     _call(model, examples[i % len(examples)])
         finally:

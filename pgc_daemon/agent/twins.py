@@ -88,10 +88,11 @@ class TwinWatch:
         self._calibrated: dict[int, tuple[float, float | None]] = {}
         self._next_at = 0.0
         self._tried: set[tuple[int, str]] = set()  # (variant, twin digest) loaded or refused
-        self._loaded: dict[int, tuple[torch.nn.Module, object]] = {}  # variant -> (twin, kernels)
+        #: variant -> (twin, kernels, which weights it reads from the variant)
+        self._loaded: dict[int, tuple[torch.nn.Module, object, str]] = {}
         #: what the last look found, for the agent's status
         self.state = "none"
-        #: which weights the last twin loaded reads from its variant
+        #: which weights the twin last put on the slot reads from its variant
         self.weights = "none"
 
     def check(self, now: float | None = None) -> bool:
@@ -126,14 +127,14 @@ class TwinWatch:
             twin = in_short_thread(self._variants.load_twin, recipe, digest)
             if twin.kernel_layers is None:
                 raise ValueError("the twin's kernels are not mapped to layers")
-            self.weights = self._share_weights(twin.module, slot.module)
+            weights = self._share_weights(twin.module, slot.module)
             in_short_thread(self._check_outputs, slot.module, twin.module)
         except Exception as exc:  # noqa: BLE001 - the variant serves all the same
             self.state = f"not loaded: {describe(exc)}"
             log.warning("profiling twin of %s not used: %s", slot.label, describe(exc))
             return False
-        self._loaded[slot.variant_id] = (twin.module, twin.kernel_layers)
-        return self._put(slot, twin.module, twin.kernel_layers)
+        self._loaded[slot.variant_id] = (twin.module, twin.kernel_layers, weights)
+        return self._put(slot, twin.module, twin.kernel_layers, weights)
 
     def _share_weights(self, twin: torch.nn.Module, module: torch.nn.Module) -> str:
         """The twin reads the variant's weights where they are equal (``compiler.share_weights``:
@@ -155,10 +156,11 @@ class TwinWatch:
                 if not cosine >= MIN_COSINE:
                     raise ValueError(f"its outputs differ from the variant's (cosine {cosine:.6f})")
 
-    def _put(self, slot: Slot, twin: torch.nn.Module, kernels: object) -> bool:
+    def _put(self, slot: Slot, twin: torch.nn.Module, kernels: object, weights: str) -> bool:
         served = self._served
         if served.slot is not slot:
             return False
+        self.weights = weights  # a twin kept for a rollback: its own, not the last loaded's
         new = dataclasses.replace(slot, twin=GuardedTwin(twin, slot.module), kernels=kernels)
         served.swap(new)
         self._calibrate(new, "loaded")

@@ -19,7 +19,7 @@ from pgc_daemon.agent.runtime import thread_nice
 from pgc_daemon.agent.twins import GuardedTwin
 
 from pgc_daemon.services.queries import profile_summary
-from profiler import ProfilerConfig
+from profiler import ProfilerConfig, exclusive_trace
 from profiler._compiled import BETWEEN, event_name
 
 from .helpers import Load, deploy, deployment_state, wait_for
@@ -128,7 +128,10 @@ def _as_a_worker_builds(spec: dict, settings: Settings, store: st.Store, recipe:
 def _kernel_events(module: torch.nn.Module, x: torch.Tensor) -> set[str]:
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as trace:
+    # the agent traces the twin on sampled calls and its calibration: one trace at a time
+    with torch.inference_mode(), exclusive_trace(), profile(
+        activities=[ProfilerActivity.CPU]
+    ) as trace:
         module(x)
     return {event_name(e.name) for e in trace.events()}
 
@@ -222,6 +225,16 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         assert names == {True}
         assert {r["layer"] for r in active["layers"]} >= {"net.1", "net.3", "net.5"}
         assert active["layer_sum_ms"] > 0 and active["live_ms"] > 0
+
+        # the slot back without its twin (a rollback to it, the demo's A/B) after another
+        # variant's twin loaded: the kept twin is put back, and says what it reads, not
+        # what the last one loaded did
+        served.swapper.twins.weights = "12 weights shared, 3 kept its own (another twin)"
+        served.swap(dataclasses.replace(served.slot, twin=None, kernels=None))
+        wait_for(lambda: served.slot.twin is not None, timeout=30, what="the kept twin back")
+        wait_for(lambda: served.status()["profile_twin"].startswith("loaded"), timeout=30,
+                 what="the kept twin calibrated")
+        assert ", 0 kept its own, over 1 package(s)" in served.status()["profile_twin"]
 
         # calls of a shape the package was not built for run the fp32 model: correct, never an
         # error, and said: the agent's status counts them, an event names their shapes, and

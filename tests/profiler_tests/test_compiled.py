@@ -28,7 +28,7 @@ from compiler import (
 )
 from compiler._kernel_map import ENV
 from profiler._compiled import event_name
-from profiler import Profiler, ProfilerConfig
+from profiler import Profiler, ProfilerConfig, exclusive_trace
 from profiler._compiled import BETWEEN
 
 
@@ -58,7 +58,10 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[nn.Modul
 def _kernel_events(module: nn.Module, x: torch.Tensor) -> set[str]:
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as trace:
+    # the agent traces the twin on sampled calls and its calibration: one trace at a time
+    with torch.inference_mode(), exclusive_trace(), profile(
+        activities=[ProfilerActivity.CPU]
+    ) as trace:
         module(x)
     return {event_name(e.name) for e in trace.events()}
 
