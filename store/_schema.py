@@ -190,6 +190,9 @@ class SearchRun(Base):
     message: Mapped[str | None] = mapped_column(Text)
     pid: Mapped[int | None] = mapped_column(Integer)
     host: Mapped[str | None] = mapped_column(String(255))
+    pid_ns: Mapped[str | None] = mapped_column(String(64))
+    """The PID namespace ``pid`` is in (``/proc/self/ns/pid``'s link, e.g. ``pid:[4026531836]``)
+    on ``host``; None where it could not be read, and for runs older than the column."""
     started_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)

@@ -13,7 +13,9 @@ signal when the parent *thread* that forked the worker exits, so every worker of
 started by one long-lived thread (:func:`popen_from_spawner`), never by the short-lived thread
 of an API request. While it runs, a worker writes its run's ``heartbeat_at`` every
 ``WORKER_HEARTBEAT_S``; a daemon treats a run whose heartbeat is fresh as alive, so a restarted
-daemon never starts a second worker on a study an earlier worker still searches.
+daemon never starts a second worker on a study an earlier worker still searches. Where the run
+says its worker ran in this daemon's own PID namespace on this host, its pid is the whole
+answer: a worker that is gone is gone, and the study resumes at once, not a heartbeat later.
 
 Threading: :class:`Workers` is shared by the daemon's tick thread and the API thread (which
 starts searches); its own lock guards the process table, and no store session is held while
@@ -48,8 +50,9 @@ log = logging.getLogger("pgc.daemon")
 WORKER_HEARTBEAT_S = 5.0
 #: A worker on another host counts as gone when its run's heartbeat is older than this.
 STALE_HEARTBEAT_S = 60.0
-#: A worker of this host whose process is gone still counts as alive while its heartbeat is
-#: younger than this (it may run in another PID namespace under the same host name).
+#: A worker of this host whose process is not seen still counts as alive while its heartbeat
+#: is younger than this, unless it ran in this PID namespace (else it may run in another one
+#: under the same host name).
 LOCAL_HEARTBEAT_S = 3 * WORKER_HEARTBEAT_S
 #: A run queued this recently without a pid is being started right now.
 STARTING_S = 60.0
@@ -111,7 +114,8 @@ class Workers:
                 start_new_session=True,
             )
         with self.store.session() as s:
-            st.repo.update_search_run(s, run_id, pid=proc.pid, host=socket.gethostname())
+            st.repo.update_search_run(s, run_id, pid=proc.pid, host=socket.gethostname(),
+                                      pid_ns=pid_namespace())
         worker = Worker(run_id, model_id, proc, log_path)
         with self._lock:
             self._procs[run_id] = worker
@@ -148,10 +152,12 @@ class Workers:
             alive = silent < STALE_HEARTBEAT_S
         elif run.pid is None:
             alive = now - run.started_at < STARTING_S
+        elif run.pid_ns is not None and run.pid_ns == pid_namespace():
+            alive = worker_alive(run.pid, run.id)  # its pid is in sight: nothing to wait for
         else:
             alive = worker_alive(run.pid, run.id) or silent < LOCAL_HEARTBEAT_S
         if not alive:
-            mark_failed(s, run.id, f"the search worker is gone (no heartbeat for {silent:.0f} s)")
+            mark_failed(s, run.id, f"the search worker is gone (last heartbeat {silent:.0f} s ago)")
         return alive
 
     def stop(self, *, kill: bool = True, timeout_s: float = 10.0) -> None:
@@ -192,6 +198,14 @@ def prune_statistics(store: st.Store, retention_h: float) -> int:
     if n:
         log.info("pruned %d old statistics and history rows", n)
     return n
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (``pid:[inode]``), or None where procfs does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def pid_alive(pid: int) -> bool:

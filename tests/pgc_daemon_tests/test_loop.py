@@ -3,6 +3,7 @@ a worker process -> hot-swap through the canary, checked through the store and t
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import store as st
 from pgc_daemon import attach, states
 from pgc_daemon.api import create_app
 from pgc_daemon.optimizer.daemon import Daemon
+from pgc_daemon.optimizer.workers import pid_namespace
 from pgc_daemon.settings import Settings
 
 from .helpers import Load, wait_for
@@ -120,6 +122,8 @@ def test_a_daemon_killed_mid_search_resumes_its_study(mlp_spec: dict[str, Any], 
                 run1 = st.repo.list_search_runs(s, served.model_id)[0]
                 kept = {(t.number, t.variant_id, t.speedup) for t in st.repo.list_trials(s, served.model_id)}
             assert run1.state == "running"
+            # where its worker ran: the next daemon sees it gone at once (no heartbeat wait)
+            assert run1.pid_ns == pid_namespace() and run1.host == socket.gethostname()
             study = optuna.load_study(study_name=run1.study_name, storage=settings.optuna_storage())
             finished_before = {t.number for t in study.trials if t.state.is_finished() and t.user_attrs.get("record")}
 

@@ -155,3 +155,36 @@ def test_a_restarted_daemon_leaves_a_run_alone_while_its_heartbeat_is_fresh(
     assert not worker_alive(os.getpid(), run_id)
     assert check(1.0, pid=os.getpid()) == (True, "running")
     assert check(workers_mod.LOCAL_HEARTBEAT_S + 5, pid=os.getpid()) == (False, "failed")
+
+
+def test_a_worker_gone_from_this_pid_namespace_is_failed_at_once(
+    settings: Settings, store: st.Store
+) -> None:
+    """A daemon restarted beside a worker that died with the last one: the run says its
+    worker ran in this PID namespace, so its pid is the whole answer and the study resumes
+    without waiting out the heartbeat (it waited 15 s)."""
+    here = workers_mod.pid_namespace()
+    if here is None:
+        pytest.skip("procfs does not name this process's PID namespace")
+    workers = Workers(settings, store)
+
+    def run_with(pid_ns: str | None) -> tuple[bool, str, str | None]:
+        with store.session() as s:
+            mid = st.repo.upsert_model(s, "m", spec="pgc_daemon.examples.digits:mlp").id
+            run_id = st.repo.create_search_run(s, mid, study_name="x", policy_version=1,
+                                               trigger="t", trials_budget=4).id
+            st.repo.update_search_run(s, run_id, state="running", pid=_dead_pid(),
+                                      host=socket.gethostname(), pid_ns=pid_ns)
+        with store.session() as s:  # its heartbeat is fresh: written just now
+            alive = workers.check_alive(s, st.repo.get_search_run(s, run_id))
+        with store.session() as s:
+            run = st.repo.get_search_run(s, run_id)
+            return alive, run.state, run.message
+
+    alive, state, message = run_with(here)
+    assert (alive, state) == (False, "failed")
+    assert message is not None and message.startswith("the search worker is gone")
+    # in another namespace (another container under this host name), or not recorded (a
+    # run from before the column): a fresh heartbeat still says a worker searches
+    assert run_with("pid:[1]")[:2] == (True, "running")
+    assert run_with(None)[:2] == (True, "running")
