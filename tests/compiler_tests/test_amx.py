@@ -10,6 +10,7 @@ fails this test instead of ending the test run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from compiler._aoti import package_code
+from compiler.cache import SHARED_INDUCTOR_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,6 +59,8 @@ def _has_amx() -> bool:
 def _child(code: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": str(ROOT),
            "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    if SHARED_INDUCTOR_ENV in os.environ:  # the tests' kernel cache: Inductor's ISA probes
+        env[SHARED_INDUCTOR_ENV] = os.environ[SHARED_INDUCTOR_ENV]  # compile once a session
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -8,11 +8,14 @@ heap corruption fails this test instead of ending the test run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from compiler.cache import SHARED_INDUCTOR_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +41,9 @@ print("cosine", fidelity("cosine", refs, outs))
 @pytest.mark.slow
 def test_a_float_linear_beside_an_int8_one_under_max_autotune_keeps_the_heap_whole(
         tmp_path: Path) -> None:
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": str(ROOT),
+    # the tests' kernel cache where there is one: Inductor's ISA probes compile once a session
+    kernels = os.environ.get(SHARED_INDUCTOR_ENV) or str(tmp_path / "inductor")
+    env = {"TORCHINDUCTOR_CACHE_DIR": kernels, "PYTHONPATH": str(ROOT),
            "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
