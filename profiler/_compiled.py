@@ -138,15 +138,10 @@ class KernelTimer:
             twin()
             off = _perf_ns() - t
             variant()
-            with exclusive_trace():
-                trace = profile(use_cpu=True)
-                trace.__enter__()
-                try:
-                    t = _perf_ns()
-                    twin()
-                    on = _perf_ns() - t
-                finally:
-                    trace.__exit__(None, None, None)
+            with exclusive_trace(), profile(use_cpu=True) as trace:
+                t = _perf_ns()
+                twin()
+                on = _perf_ns() - t
             events.append(sum(1 for _ in trace.kineto_results.events()))
             recording.append(on - off)
             twin_extra.append(off - plain)

@@ -23,7 +23,7 @@ _LOCK = threading.Lock()
 
 
 class TraceBusy(TimeoutError):
-    """Another trace in this process held the profiler for longer than the wait."""
+    """Another trace in this process holds the profiler (past the wait, where there is one)."""
 
 
 @contextlib.contextmanager
