@@ -107,6 +107,10 @@ class ServedModel(Lifecycle):
                     raise  # the user's own module failed: not ours to hide
                 out = self._fallback(slot, again, args, kwargs)  # raises the base's error
                 fallback = True
+        except BaseException:  # KeyboardInterrupt in a notebook, a green thread's timeout
+            if token is not None:  # a token left open holds its hooks, or a whole-process
+                prof.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
+            raise  # torch.profiler trace, and no call is sampled again
         elapsed = _perf_ns() - t0
         if mark is None:
             calls.queue.append((slot.variant_id, None, elapsed, False, fallback, 0))

@@ -23,6 +23,7 @@ from pgc_daemon.policy import Policy
 from pgc_daemon.services import deployments as services
 from pgc_daemon.settings import Settings
 from pgc_daemon.states import D
+from profiler import ProfilerConfig
 
 from .helpers import Load, deploy, deployment_state, wait_for
 
@@ -108,6 +109,50 @@ def test_malformed_requests_during_a_canary_do_not_fail_it(mlp_spec: dict, setti
         assert result.keep, result.reason
         assert errors and served.caller_errors == len(errors)
         assert served.fallbacks == 0 and load.errors == []
+    finally:
+        served.close()
+
+
+class _Interruptible(torch.nn.Module):
+    """The user's model, with a switch that interrupts it mid-call (Ctrl-C in a notebook
+    lands in whatever runs; a green thread's timeout is a ``BaseException`` too)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.interrupt = inner, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return y
+
+
+def test_an_interrupt_inside_a_sampled_call_leaves_sampling_free(
+    mlp_spec: dict, settings: Settings
+) -> None:
+    """A sampled call that a ``BaseException`` ends must still end its sample: before, its
+    token was left open, holding the profiler's sampling lock (and, for a compiled variant,
+    the process's one torch.profiler trace, recording every op from then on), so no call
+    was sampled again."""
+    model = _Interruptible(mlp_spec["model"])
+    served = attach(model, name="mlp", spec=SPEC, settings=settings,
+                    profiler=ProfilerConfig(sample_every=1, budget=None,
+                                            window_s=settings.window_s))
+    x = _inputs(mlp_spec)[0]
+    try:
+        wait_for(lambda: served.model_id is not None, what="registration")
+        served(x)
+        wait_for(lambda: served.profiler.status()["sampled"] >= 1, what="a sampled call")
+        model.interrupt = True
+        with pytest.raises(KeyboardInterrupt):
+            served(x)
+        model.interrupt = False
+        before = served.profiler.status()["sampled"]
+        for _ in range(5):
+            assert served(x).shape == (64, 10)
+        wait_for(lambda: served.profiler.status()["sampled"] >= before + 5,
+                 what="every later call sampled")
     finally:
         served.close()
 
