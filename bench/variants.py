@@ -267,13 +267,25 @@ def cnn(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
           if probe().features.get("amx_bf16") else []),
         *peers(static),
     ]
+    gemms = Fusion(conv_bn=True, conv_gemm=True)  # batch 1 only: at 256 (16 384 GEMM rows)
+    b1_only: list[Family] = [  # the build keeps every convolution a convolution
+        ("fp32, convs as GEMMs, max-autotune",
+         Recipe(fusion=gemms, backend=Backend("inductor", "max-autotune")), False),
+        ("int8 static (pt2e), convs as GEMMs, max-autotune",
+         Recipe(fusion=gemms, quantization=static, backend=Backend("inductor", "max-autotune")),
+         False),
+        *([("fp32, convs as GEMMs, max-autotune, bf16 autocast",
+            Recipe(fusion=gemms, backend=Backend("inductor", "max-autotune", "bf16")), False)]
+          if probe().features.get("amx_bf16") else []),
+    ]
     if args.quick:
         families = [families[0], families[3], *[f for f in families if f[2]]]
+        b1_only = b1_only[1:2]
     result: dict[str, Any] = {"cnn_fp32_accuracy": fp32_acc}
     for batch in (1, 256):
         inputs = batches(batch)[0][:64] if batch == 1 else batches(batch)[0]
         batch_rows: list[dict[str, Any]] = []
-        for name, recipe, peer in families:
+        for name, recipe, peer in families + (b1_only if batch == 1 else []):
             progress(f"CNN batch {batch}: {name}")
             variant = build(model, recipe, calibration=calib, example=inputs[0])
             warm(variant, inputs[:1], rounds=1)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from compiler.recipe import Backend, LayerQuant, Quantization, Recipe
     from compiler.sensitivity import LayerSensitivity, SensitivityReport, sensitivity
     from compiler._siblings import may_have_sibling_linears
+    from compiler._conv_gemm import has_eligible_convs
     from compiler._quant import refused
     from compiler._ort import untraceable_inputs
     from compiler._twin_weights import SharedWeights, share_weights
@@ -79,6 +80,7 @@ _LAZY: dict[str, str] = {
     "SensitivityReport": "compiler.sensitivity",
     "sensitivity": "compiler.sensitivity",
     "may_have_sibling_linears": "compiler._siblings",
+    "has_eligible_convs": "compiler._conv_gemm",
     "refused": "compiler._quant",
     "untraceable_inputs": "compiler._ort",
     "SharedWeights": "compiler._twin_weights",

@@ -1,5 +1,6 @@
 """Fusion: fold BatchNorm into convolutions, run conv+ReLU / linear+activation as one
-kernel, and sibling linears as one GEMM (:mod:`compiler._siblings`).
+kernel, sibling linears as one GEMM (:mod:`compiler._siblings`), and convolutions as one GEMM
+each (:mod:`compiler._conv_gemm`).
 
 Which module feeds which is read from ``nn.Sequential`` order, or from an FX trace of the
 parent module with its direct children kept as leaves; a pair is fused only when the first
@@ -25,6 +26,7 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from compiler import _measure
+from compiler._conv_gemm import convs_as_gemm
 from compiler._registry import BuildContext, register_transform
 from compiler._siblings import fuse_siblings
 from compiler.parts import Fusion
@@ -232,6 +234,8 @@ def fuse(model: nn.Module, part: Fusion, ctx: BuildContext) -> nn.Module:
                         report.applied[_full(prefix, b)] = f"folded into {_full(prefix, a)}"
                         folded += 1
         report.notes.append(f"fusion: {folded} BatchNorm(s) folded into convolutions")
+    if part.conv_gemm:  # after the folding: a folded convolution is one GEMM with its BN
+        model = convs_as_gemm(model, ctx)
 
     recipe = ctx.recipe
     compiled = recipe is not None and recipe.backend.kind != "eager"

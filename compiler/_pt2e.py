@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from compiler._conv_gemm import as_linears
 from compiler._graph_cast import cast_layers, is_dequantized
 from compiler._graph_cast import module_of as _module_of
 from compiler._registry import BuildContext, Example
@@ -170,6 +171,7 @@ def export(module: nn.Module, example: Example) -> torch.fx.GraphModule:
             with quiet():  # copying a graph module warns of torch's own pytree deprecations
                 return copy.deepcopy(kept)
     gm = export_program(module, example).module()
+    as_linears(gm)  # a convolution computed as a GEMM is a linear to the quantizer
     gm.graph.eliminate_dead_code()
     gm.recompile()
     with _EXPORTS_LOCK, quiet():

@@ -168,7 +168,9 @@ class Fusion:
     rounding); ``conv_bn_relu`` also runs the ReLU after it inside the convolution's kernel
     (needs ``conv_bn``); ``linear_act`` runs a Linear and the activation after it (ReLU, GELU,
     SiLU, tanh) as one kernel; ``linear_siblings`` runs linears of one parent that read the
-    same tensor (query, key, value) as one linear (``compiler._siblings``; compiled recipes).
+    same tensor (query, key, value) as one linear (``compiler._siblings``; compiled recipes);
+    ``conv_gemm`` runs each plain convolution as one GEMM over its receptive fields
+    (``compiler._conv_gemm``: im2col; compiled recipes, after ``conv_bn`` where both are on).
     Which kernel does the fused work depends on the machine and the backend and is written to
     the build report (Inductor fuses epilogues itself; eager on x86 uses oneDNN's fused
     pointwise kernels where they measure faster).
@@ -178,8 +180,10 @@ class Fusion:
     conv_bn_relu: bool = False
     linear_act: bool = False
     linear_siblings: bool = False
+    conv_gemm: bool = False
 
-    NAMES: ClassVar[tuple[str, ...]] = ("conv_bn", "conv_bn_relu", "linear_act", "linear_siblings")
+    NAMES: ClassVar[tuple[str, ...]] = ("conv_bn", "conv_bn_relu", "linear_act", "linear_siblings",
+                                        "conv_gemm")
 
     def __post_init__(self) -> None:
         for name in self.NAMES:
@@ -197,8 +201,9 @@ class Fusion:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"conv_bn": self.conv_bn, "conv_bn_relu": self.conv_bn_relu, "linear_act": self.linear_act}
-        if self.linear_siblings:  # written only when on: older recipes keep their hashes
-            out["linear_siblings"] = True
+        for name in ("linear_siblings", "conv_gemm"):  # written only when on: older recipes
+            if getattr(self, name):  # keep their hashes
+                out[name] = True
         return out
 
     @classmethod

@@ -305,6 +305,16 @@ def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_tra
     assert plain.is_identity
     assert cnn.params_for(plain) == {**cnn.params("fp32", "eager"), "graph": "as_is"}
     assert cnn.size == len(list(cnn.grid()))
+    # its convolutions as GEMMs: Inductor only (the other backends run the graph as written)
+    assert cnn.graph_choices == ("fused_cl", "as_is", "conv_gemm")
+    gemms = {**cnn.params("int8-static-pc", "inductor-max"), "graph": "conv_gemm"}
+    assert cnn.recipe(gemms).fusion == Fusion(conv_bn=True, conv_gemm=True)
+    assert cnn.params_for(cnn.recipe(gemms)) == gemms
+    peer = cnn.recipe({**cnn.params("fp32", "onnxruntime"), "graph": "conv_gemm"})
+    assert peer.fusion.is_identity and peer.layout.is_identity
+    assert gemms in cnn.baselines()  # where the digits CNN beat ONNX Runtime at batch 1
+    depthwise = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.Flatten(), nn.Linear(4, 2))
+    assert build_space(depthwise, [], hw).graph_choices == ("fused_cl", "as_is")
 
     assert live_buckets({"b1 s64": 50, "b1 s128": 40, "b1 s512": 1}) == (64, 128)
     assert live_buckets({"b1 s128": 100}) == ()

@@ -32,6 +32,7 @@ from compiler import (
     Recipe,
     SensitivityReport,
     ShapeBuckets,
+    has_eligible_convs,
     may_have_sibling_linears,
 )
 from compiler.recipe import DEFAULT_KEY
@@ -53,9 +54,13 @@ LAYER_PREFIX = "layer:"
 #: OpenVINO in its default precision with NNCF's static int8 (measured fastest of each here)
 PEER_BASELINES = {"onnxruntime": "int8-dynamic-pc", "openvino": "int8-static-pc"}
 #: Whole-graph choices for convolutional models: as written, or BatchNorm folded, conv+ReLU
-#: fused and channels-last activations (what oneDNN's convolutions prefer).
+#: fused and channels-last activations (what oneDNN's convolutions prefer), or (Inductor
+#: backends, models with plain convolutions) BatchNorm folded and each convolution one GEMM
+#: (``compiler._conv_gemm``; other backends take the graph as written).
 GRAPH_CHOICES = ("fused_cl", "as_is")
+CONV_GEMM = "conv_gemm"
 FUSED = Fusion(conv_bn=True, conv_bn_relu=True)
+GEMMS = Fusion(conv_bn=True, conv_gemm=True)
 CHANNELS_LAST = Layout("channels_last")
 #: What the space offers for variable-length inputs: pad to the live buckets, compile the
 #: sequence axis dynamic, or neither (the variant serves the shapes it was built for).
@@ -111,6 +116,8 @@ class Space:
         parts: dict[str, Any] = {"quantization": quant, "backend": Backend.parse(params["backend"])}
         if params.get("graph") == "fused_cl":
             parts.update(fusion=FUSED, layout=CHANNELS_LAST)
+        if params.get("graph") == CONV_GEMM and parts["backend"].kind == "inductor":
+            parts["fusion"] = GEMMS
         if self.sibling_linears and parts["backend"].kind == "inductor":
             parts["fusion"] = replace(parts.get("fusion", Fusion()), linear_siblings=True)
         if params.get("buckets") == "live" and self.bucket_sizes:
@@ -153,6 +160,8 @@ class Space:
         params = self.params(default, backend, **layers)
         if self.graph_choices and recipe.fusion.is_identity and recipe.layout.is_identity:
             params["graph"] = "as_is"
+        if CONV_GEMM in self.graph_choices and recipe.fusion.conv_gemm:
+            params["graph"] = CONV_GEMM
         if self.bucket_sizes:
             params["buckets"] = ("live" if not recipe.buckets.is_identity else
                                  "none" if recipe.dynamic.is_identity else "dynamic")
@@ -167,7 +176,9 @@ class Space:
         (:data:`PEER_BASELINES`: where a peer wins, as ONNX Runtime does on small convnets and
         LSTMs, the search starts from it instead of finding it by chance), all-int8 dynamic
         compiled, all-int8 static through :data:`MAX_AUTOTUNE`, fp32 under bf16 autocast
-        where offered (nearly lossless), and all-int8 with the ``sensitive`` hot layers in
+        where offered (nearly lossless), for models with plain convolutions all-int8 static
+        through :data:`MAX_AUTOTUNE` and fp32 under bf16 autocast with each convolution one
+        GEMM (:data:`CONV_GEMM`), and all-int8 with the ``sensitive`` hot layers in
         bf16 where offered (in the int8 graph; MiniLM at batch 1, AVX-512-BF16 EPYC: 1.10x
         faster than keeping them fp32 at the same cosine, 0.9959), else fp32. On a GPU:
         :meth:`gpu_baselines`."""
@@ -188,6 +199,11 @@ class Space:
         for choice, on in points:
             if choice in self.default_choices:
                 out.append(self.params(choice, on))
+        if CONV_GEMM in self.graph_choices:  # the digits CNN at batch 1 (Xeon with AMX): as
+            # GEMMs int8 static 62 µs, fp32 under bf16 autocast 55, ONNX Runtime int8 75
+            for choice, on in (("int8-static-pc", MAX_AUTOTUNE), (SAFE, AUTOCAST_BACKENDS[1])):
+                if choice in self.default_choices and on in self.backends:
+                    out.append({**self.params(choice, on), "graph": CONV_GEMM})
         keep = {n: "bf16" if "bf16" in self.choices_of(n) else SAFE
                 for n in sensitive if n in self.hot_layers}
         for choice in ("int8-static-pc", "int8-dynamic-pc"):
@@ -331,6 +347,7 @@ def build_space(
     removed += [("_default", c, f"breaks the budget on {layer}: {why}") for layer, c, why in default_removed
                 if c not in default and not any(r[0] == "_default" and r[1] == c for r in removed)]
     has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    graph = GRAPH_CHOICES + ((CONV_GEMM,) if has_eligible_convs(model) else ()) if has_conv else ()
     return Space(
         hot_layers=tuple(hot),
         layer_choices=choices,
@@ -338,7 +355,7 @@ def build_space(
         backends=backends,
         per_layer=tuple((n, per_layer[n]) for n in hot if per_layer[n] != choices),
         pruned=tuple(_dedupe(removed)),
-        graph_choices=GRAPH_CHOICES if has_conv else (),
+        graph_choices=graph,
         bucket_sizes=live_buckets(shapes or {}),
         sibling_linears=may_have_sibling_linears(model),
         gpu=gpu,
