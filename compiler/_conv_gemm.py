@@ -11,7 +11,7 @@ threads, a 2-core Xeon with AMX: fp32 through max-autotune 74 µs a call against
 convolutions; under bf16 autocast 50 µs, and int8 static 54 µs, against ONNX Runtime int8's
 67 µs (and 159 µs fp32 eager). Over large feature maps the copies of every input pixel k·k
 times cost more than they save: the same CNN at batch 256 ran 2.3-3.6 ms as GEMMs against
-0.83 ms int8 static as convolutions. So a convolution is replaced only where its GEMM has at
+0.83 ms int8 static as convolutions, and at batch 16 it was even at best. So a convolution is replaced only where its GEMM has at
 most :data:`MAX_ROWS` rows (batch × output positions) on the build's example; the search
 measures the whole package either way.
 
@@ -32,8 +32,10 @@ from torch import nn
 from compiler._registry import BuildContext
 
 #: the most GEMM rows (batch × output height × width, on the build's example) a convolution
-#: is replaced at: the digits CNN's are 64 at batch 1 (GEMMs won), 16 384 at batch 256 (lost)
-MAX_ROWS = 4096
+#: is replaced at. The digits CNN's first two have 64 a batch row: at batch 1 and 4 the GEMMs
+#: won (fp32 under bf16 autocast 76 against 122 µs int8 static as convolutions at 4), at 16
+#: they tied in bf16 and lost 1.9x in int8, at 256 they lost 3-4x
+MAX_ROWS = 512
 
 
 def eligible(conv: nn.Module) -> bool:
