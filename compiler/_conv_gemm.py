@@ -29,7 +29,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from compiler._registry import BuildContext
+from compiler._registry import BuildContext, run_hooked
 
 #: the most GEMM rows (batch × output height × width, on the build's example) a convolution
 #: is replaced at. The digits CNN's first two have 64 a batch row: at batch 1 and 4 the GEMMs
@@ -151,10 +151,5 @@ def _rows(model: nn.Module, ctx: BuildContext) -> dict[str, int]:
                 rows[name] = max(rows.get(name, 0), out.numel() // out.shape[-3])
 
             handles.append(mod.register_forward_hook(hook))
-    try:
-        with torch.inference_mode():
-            model(*example[0], **example[1])
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, example, handles)
     return rows

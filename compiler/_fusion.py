@@ -27,7 +27,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from compiler import _measure
 from compiler._conv_gemm import convs_as_gemm
-from compiler._registry import BuildContext, register_transform
+from compiler._registry import BuildContext, register_transform, run_hooked
 from compiler._siblings import fuse_siblings
 from compiler.parts import Fusion
 
@@ -166,13 +166,7 @@ def _inputs_of(model: nn.Module, names: list[str], ctx: BuildContext) -> dict[st
                 seen[name] = args[0].detach()
 
         handles.append(mods[name].register_forward_pre_hook(hook))
-    try:
-        with torch.inference_mode():
-            args, kwargs = example
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, example, handles)
     return seen
 
 

@@ -3,11 +3,13 @@ handler per config type. ``compiler.build`` looks each part's type up here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from compiler._errors import BuildError
 
@@ -64,6 +66,18 @@ class BuildContext:
         return self.example if self.example is not None else (
             self.calibration[0] if self.calibration else None
         )
+
+
+def run_hooked(model: nn.Module, example: Example, handles: Iterable[RemovableHandle]) -> None:
+    """Run ``model`` once on ``example`` (inference mode) with the hooks of ``handles`` on,
+    then take them off, also when the run raises: how a transform reads what the example
+    makes its modules see."""
+    try:
+        with torch.inference_mode():
+            model(*example[0], **example[1])
+    finally:
+        for h in handles:
+            h.remove()
 
 
 Transform = Callable[[nn.Module, Any, BuildContext], nn.Module]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiler._registry import BuildContext
+from compiler._registry import BuildContext, run_hooked
 
 #: the fused linear's name: this prefix, then its members' names, each after SEP
 PREFIX = "fused"
@@ -115,12 +115,7 @@ def _groups(model: nn.Module, ctx: BuildContext) -> list[list[str]]:
                 calls.setdefault(name, []).append(args[0] if len(args) == 1 else None)
 
             handles.append(mod.register_forward_pre_hook(hook))
-    try:
-        with torch.inference_mode():
-            model(*example[0], **example[1])
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, example, handles)
     modules = dict(model.named_modules())
     groups: dict[tuple[str, int], list[str]] = {}
     for name, seen in calls.items():  # in call order (dicts keep insertion order)
