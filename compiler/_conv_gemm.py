@@ -1,6 +1,6 @@
-"""Convolutions as one GEMM each (im2col): a ``Conv2d`` becomes a linear over its receptive
-fields, the input's k×k shifted views laid side by side with channels last, times the kernel
-as an (out, k·k·in) matrix.
+"""Convolutions as one GEMM each (im2col): a ``Conv2d`` (or ``Conv1d``) becomes a linear over
+its receptive fields, the input's k×k shifted views laid side by side with channels last,
+times the kernel as an (out, k·k·in) matrix (a ``Conv1d`` is the case of one row).
 
 Where this pays: convolutions over small feature maps, whose oneDNN convolution is mostly
 fixed cost per call. Through Inductor the shifted views become one gather kernel and the
@@ -8,14 +8,14 @@ linear takes Inductor's own GEMM (its C++ micro-kernel templates under max-autot
 where the CPU has it), with the bias and the activation after it in the GEMM's epilogue.
 Measured on the digits CNN (three 3×3 convolutions over 8×8 and 4×4 maps) at batch 1, 2
 threads, a 2-core Xeon with AMX: fp32 through max-autotune 74 µs a call against 142 µs as
-convolutions; under bf16 autocast 50 µs, and int8 static 54 µs, against ONNX Runtime int8's
-67 µs (and 159 µs fp32 eager). Over large feature maps the copies of every input pixel k·k
-times cost more than they save: the same CNN at batch 256 ran 2.3-3.6 ms as GEMMs against
-0.83 ms int8 static as convolutions, and at batch 16 it was even at best. So a convolution is replaced only where its GEMM has at
-most :data:`MAX_ROWS` rows (batch × output positions) on the build's example; the search
-measures the whole package either way.
+convolutions; under bf16 autocast 50-55 µs, and int8 static 62 µs, against ONNX Runtime
+int8's 67-75 µs (and 159 µs fp32 eager). Over large feature maps the copies of every input
+pixel k·k times cost more than they save: the same CNN at batch 256 ran 2.3-3.6 ms as GEMMs
+against 0.83 ms int8 static as convolutions, and at batch 16 it was even at best. So a
+convolution is replaced only where its GEMM has at most :data:`MAX_ROWS` rows (batch ×
+output positions) on the build's example; the search measures the whole package either way.
 
-Each replaced convolution keeps its name, and is an ``nn.Linear`` (:class:`GemmConv2d`), so
+Each replaced convolution keeps its name, and is an ``nn.Linear`` (:class:`GemmConv`), so
 per-layer quantization rules, sensitivity, the kernel map and the profile treat it as the
 linear it now is. It takes and returns what the convolution did (NCHW, or the channels-last
 strides a channels-last input gives). Compiled (Inductor) recipes only: other backends run
@@ -39,37 +39,47 @@ MAX_ROWS = 512
 
 
 def eligible(conv: nn.Module) -> bool:
-    """A plain 2-D convolution without groups, zero-padded by a fixed amount."""
-    return (type(conv) is nn.Conv2d and conv.groups == 1 and conv.padding_mode == "zeros"
-            and conv.padding != "same")
+    """A plain 1-D or 2-D convolution without groups, zero-padded by a fixed amount."""
+    return (type(conv) in (nn.Conv1d, nn.Conv2d) and conv.groups == 1
+            and conv.padding_mode == "zeros" and conv.padding != "same")
 
 
 def has_eligible_convs(model: nn.Module) -> bool:
     return any(eligible(m) for m in model.modules())
 
 
-class GemmConv2d(nn.Linear):
-    """A ``Conv2d`` computed as a linear over its receptive fields (see the module doc)."""
+class GemmConv(nn.Linear):
+    """A ``Conv2d`` or ``Conv1d`` computed as a linear over its receptive fields (see the
+    module doc); a ``Conv1d`` as a ``Conv2d`` of one row."""
 
-    def __init__(self, conv: nn.Conv2d) -> None:
-        kh, kw = conv.kernel_size
+    def __init__(self, conv: nn.Conv1d | nn.Conv2d) -> None:
+        one_d = isinstance(conv, nn.Conv1d)
+        lift = (lambda t, pad: (pad, *t)) if one_d else (lambda t, _pad: tuple(t))
+        weight = conv.weight.unsqueeze(2) if one_d else conv.weight
+        kh, kw = weight.shape[2:]
         super().__init__(conv.in_channels * kh * kw, conv.out_channels,
                          bias=conv.bias is not None, device=conv.weight.device,
                          dtype=conv.weight.dtype)
+        self.one_d = one_d
         with torch.no_grad():  # columns ordered (row of the kernel, column, input channel)
-            self.weight.copy_(conv.weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1))
+            self.weight.copy_(weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1))
             if self.bias is not None:
                 self.bias.copy_(conv.bias)  # type: ignore[arg-type]
-        padding = (0, 0) if conv.padding == "valid" else conv.padding
+        padding = (0,) * (1 if one_d else 2) if conv.padding == "valid" else conv.padding
         self.kernel_size: tuple[int, int] = (kh, kw)
-        self.stride: tuple[int, int] = tuple(conv.stride)  # type: ignore[assignment]
-        self.padding: tuple[int, int] = tuple(padding)  # type: ignore[assignment]
-        self.dilation: tuple[int, int] = tuple(conv.dilation)  # type: ignore[assignment]
+        self.stride: tuple[int, int] = lift(conv.stride, 1)
+        self.padding: tuple[int, int] = lift(padding, 0)
+        self.dilation: tuple[int, int] = lift(conv.dilation, 1)
         self.train(conv.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 3:  # an unbatched (C, H, W) input, as Conv2d takes it
+        if x.dim() == (2 if self.one_d else 3):  # unbatched, as the convolution takes it
             return self.forward(x.unsqueeze(0)).squeeze(0)
+        if self.one_d:  # (N, C, L) as (N, C, 1, L)
+            return self._gemm(x.unsqueeze(2)).squeeze(2)
+        return self._gemm(x)
+
+    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (
             self.kernel_size, self.stride, self.padding, self.dilation)
         _, _, h, w = x.shape
@@ -86,18 +96,19 @@ class GemmConv2d(nn.Linear):
         return out.contiguous() if x.is_contiguous() else out
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features // (self.kernel_size[0] * self.kernel_size[1])}, "
+        kind = "1d" if self.one_d else "2d"
+        return (f"{kind}, {self.in_features // (self.kernel_size[0] * self.kernel_size[1])}, "
                 f"{self.out_features}, kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, as one GEMM")
 
 
-_GEMM_CONV = f"{__name__}.GemmConv2d"
+_GEMM_CONV = f"{__name__}.GemmConv"
 _LINEAR = f"{nn.Linear.__module__}.{nn.Linear.__qualname__}"
 
 
 def as_linears(gm: torch.fx.GraphModule) -> None:
-    """Name the module of the linear a :class:`GemmConv2d` computes ``nn.Linear`` in the
-    graph's metadata, in place (its gather stays the GemmConv2d's). Quantizers find linears
+    """Name the module of the linear a :class:`GemmConv` computes ``nn.Linear`` in the
+    graph's metadata, in place (its gather stays the GemmConv's). Quantizers find linears
     by their module's class, by its exact name where export keeps no source functions
     (non-strict export): without this, pt2e's X86InductorQuantizer left every such layer
     float (the digits CNN's convolutions)."""
@@ -107,7 +118,7 @@ def as_linears(gm: torch.fx.GraphModule) -> None:
             continue
         key = next(reversed(stack))
         fqn, cls = stack[key]
-        if cls == _GEMM_CONV or cls is GemmConv2d:
+        if cls == _GEMM_CONV or cls is GemmConv:
             stack[key] = (fqn, _LINEAR)
 
 
@@ -128,7 +139,7 @@ def convs_as_gemm(model: nn.Module, ctx: BuildContext) -> nn.Module:
             if rows.get(full, 0) > MAX_ROWS:
                 large += 1
                 continue
-            setattr(parent, leaf, GemmConv2d(child))  # type: ignore[arg-type]
+            setattr(parent, leaf, GemmConv(child))  # type: ignore[arg-type]
             ctx.report.applied[full] = "convolution as one GEMM (im2col)"
             replaced += 1
     tail = f"; {large} over {MAX_ROWS} rows left as convolutions" if large else ""
@@ -147,8 +158,8 @@ def _rows(model: nn.Module, ctx: BuildContext) -> dict[str, int]:
     for name, mod in model.named_modules():
         if eligible(mod):
 
-            def hook(_m: nn.Module, _args: object, out: torch.Tensor, name: str = name) -> None:
-                rows[name] = max(rows.get(name, 0), out.numel() // out.shape[-3])
+            def hook(m: nn.Module, _args: object, out: torch.Tensor, name: str = name) -> None:
+                rows[name] = max(rows.get(name, 0), out.numel() // m.out_channels)
 
             handles.append(mod.register_forward_hook(hook))
     run_hooked(model, example, handles)

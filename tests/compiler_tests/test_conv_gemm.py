@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compiler import Backend, CompileCache, Fusion, Quantization, Recipe, build, compare
-from compiler._conv_gemm import MAX_ROWS, GemmConv2d, convs_as_gemm, has_eligible_convs
+from compiler._conv_gemm import MAX_ROWS, GemmConv, convs_as_gemm, has_eligible_convs
 from compiler._registry import BuildContext, BuildReport
 
 GEMMS = Fusion(conv_bn=True, conv_gemm=True)
@@ -39,7 +39,7 @@ def test_a_convolution_as_one_gemm_computes_what_the_convolution_does(
 ) -> None:
     torch.manual_seed(0)
     original = nn.Conv2d(**conv).eval()
-    gemm = GemmConv2d(original)
+    gemm = GemmConv(original)
     x = torch.randn(*shape)
     with torch.inference_mode():
         want, got = original(x), gemm(x)
@@ -49,6 +49,27 @@ def test_a_convolution_as_one_gemm_computes_what_the_convolution_does(
         torch.testing.assert_close(gemm(last), original(last), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(gemm(x[0]), original(x[0]), atol=1e-5, rtol=1e-5)
     assert isinstance(gemm, nn.Linear) and "as one GEMM" in repr(gemm)
+
+
+@pytest.mark.parametrize(
+    ("conv", "shape"),
+    [
+        (dict(in_channels=8, out_channels=16, kernel_size=3, padding=1), (2, 8, 9)),
+        (dict(in_channels=4, out_channels=6, kernel_size=5, stride=2, dilation=2, bias=False),
+         (1, 4, 23)),
+        (dict(in_channels=6, out_channels=3, kernel_size=1, padding="valid"), (3, 6, 5)),
+    ],
+)
+def test_a_1d_convolution_is_the_case_of_one_row(conv: dict[str, Any],
+                                                 shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    original = nn.Conv1d(**conv).eval()
+    gemm = GemmConv(original)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        torch.testing.assert_close(gemm(x), original(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(gemm(x[0]), original(x[0]), atol=1e-5, rtol=1e-5)
+    assert gemm(x).is_contiguous() and "1d, " in repr(gemm)
 
 
 def test_only_plain_convolutions_without_groups_are_replaced() -> None:
@@ -65,7 +86,7 @@ def test_only_plain_convolutions_without_groups_are_replaced() -> None:
                        recipe=Recipe(fusion=GEMMS, backend=Backend("inductor")))
     convs_as_gemm(model, ctx)
     assert [type(m).__name__ for m in (model[0], model[1], model[2], model[3], model[4][0])] == [
-        "GemmConv2d", "Conv2d", "Conv2d", "Conv2d", "GemmConv2d"]
+        "GemmConv", "Conv2d", "Conv2d", "Conv2d", "GemmConv"]
     assert set(ctx.report.applied) == {"0", "4.0"}  # names kept: rules and rows still match
     assert ctx.report.notes[-1] == "fusion: 2 convolution(s) run as one GEMM each"
     torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
@@ -86,7 +107,7 @@ def test_a_convolution_over_a_large_map_stays_a_convolution() -> None:
                        recipe=Recipe(fusion=GEMMS, backend=Backend("inductor")))
     want = model(x)
     convs_as_gemm(model, ctx)
-    assert [type(m).__name__ for m in (model[0], model[2])] == ["Conv2d", "GemmConv2d"]
+    assert [type(m).__name__ for m in (model[0], model[2])] == ["Conv2d", "GemmConv"]
     assert ctx.report.notes[-1] == ("fusion: 1 convolution(s) run as one GEMM each; "
                                     f"1 over {MAX_ROWS} rows left as convolutions")
     torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
@@ -103,7 +124,7 @@ def test_the_recipe_part_is_written_only_when_on() -> None:
 def test_the_digits_cnn_as_gemms_quantizes_every_convolution_and_names_its_kernels(
     cnn_spec: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without ``as_linears`` the quantizer found no linear in a GemmConv2d (non-strict
+    """Without ``as_linears`` the quantizer found no linear in a GemmConv (non-strict
     export names its module, not ``nn.Linear``) and left the three convolutions float."""
     monkeypatch.setenv("PGC_KERNEL_PROFILE", "1")  # a kernel map to read
     model = cnn_spec["model"]

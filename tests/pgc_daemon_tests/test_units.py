@@ -315,6 +315,8 @@ def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_tra
     assert gemms in cnn.baselines()  # where the digits CNN beat ONNX Runtime at batch 1
     depthwise = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.Flatten(), nn.Linear(4, 2))
     assert build_space(depthwise, [], hw).graph_choices == ("fused_cl", "as_is")
+    rows = nn.Sequential(nn.Conv1d(8, 16, 3), nn.Flatten(), nn.Linear(16 * 6, 2))
+    assert build_space(rows, [], hw).graph_choices == ("as_is", "conv_gemm")
 
     assert live_buckets({"b1 s64": 50, "b1 s128": 40, "b1 s512": 1}) == (64, 128)
     assert live_buckets({"b1 s128": 100}) == ()

@@ -55,8 +55,8 @@ LAYER_PREFIX = "layer:"
 PEER_BASELINES = {"onnxruntime": "int8-dynamic-pc", "openvino": "int8-static-pc"}
 #: Whole-graph choices for convolutional models: as written, or BatchNorm folded, conv+ReLU
 #: fused and channels-last activations (what oneDNN's convolutions prefer), or (Inductor
-#: backends, models with plain convolutions) BatchNorm folded and each convolution one GEMM
-#: (``compiler._conv_gemm``; other backends take the graph as written).
+#: backends, models with plain 1-D or 2-D convolutions) BatchNorm folded and each convolution
+#: one GEMM (``compiler._conv_gemm``; other backends take the graph as written).
 GRAPH_CHOICES = ("fused_cl", "as_is")
 CONV_GEMM = "conv_gemm"
 FUSED = Fusion(conv_bn=True, conv_bn_relu=True)
@@ -347,7 +347,9 @@ def build_space(
     removed += [("_default", c, f"breaks the budget on {layer}: {why}") for layer, c, why in default_removed
                 if c not in default and not any(r[0] == "_default" and r[1] == c for r in removed)]
     has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-    graph = GRAPH_CHOICES + ((CONV_GEMM,) if has_eligible_convs(model) else ()) if has_conv else ()
+    graph = GRAPH_CHOICES if has_conv else ()
+    if has_eligible_convs(model):  # a Conv1d model: as written, or as GEMMs
+        graph = (graph or ("as_is",)) + (CONV_GEMM,)
     return Space(
         hot_layers=tuple(hot),
         layer_choices=choices,
