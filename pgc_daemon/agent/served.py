@@ -92,10 +92,12 @@ class ServedModel(Lifecycle):
             else:
                 with torch.inference_mode():
                     out = module(*args, **kwargs)
-        except Exception as exc:
-            if token is not None:
+        except BaseException as exc:
+            if token is not None:  # left open, it would hold its hooks, or the process's one
                 prof.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
-                token = None
+                token = None  # torch.profiler trace, and no call would be sampled again
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt in a notebook, a green thread's timeout
             try:
                 if not traced_while_serving(exc):
                     raise
@@ -107,10 +109,6 @@ class ServedModel(Lifecycle):
                     raise  # the user's own module failed: not ours to hide
                 out = self._fallback(slot, again, args, kwargs)  # raises the base's error
                 fallback = True
-        except BaseException:  # KeyboardInterrupt in a notebook, a green thread's timeout
-            if token is not None:  # a token left open holds its hooks, or a whole-process
-                prof.end(token, slot.variant_id, args, kwargs, _perf_ns() - t0, error=True)
-            raise  # torch.profiler trace, and no call is sampled again
         elapsed = _perf_ns() - t0
         if mark is None:
             calls.queue.append((slot.variant_id, None, elapsed, False, fallback, 0))

@@ -163,6 +163,7 @@ class TwinWatch:
         self.weights = weights  # a twin kept for a rollback: its own, not the last loaded's
         new = dataclasses.replace(slot, twin=GuardedTwin(twin, slot.module), kernels=kernels)
         served.swap(new)
+        self.state = f"loaded for variant {slot.variant_id} (calibrating; {weights})"
         self._calibrate(new, "loaded")
         log.info("profiling twin of %s loaded (%s): sampled calls are split over its layers",
                  slot.label, self.weights)
