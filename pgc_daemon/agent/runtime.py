@@ -134,12 +134,17 @@ class Launcher:
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            fn, args, done, box = job
-            try:
-                box.append((True, in_short_thread(fn, *args)))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                box.append((False, exc))
-            done.set()
+            self._run(*job)
+            del job  # not kept till the next job: it holds what it ran on (a twin, its variant)
+
+    @staticmethod
+    def _run(fn: Callable[..., Any], args: tuple[Any, ...], done: threading.Event,
+             box: list[Any]) -> None:
+        try:
+            box.append((True, in_short_thread(fn, *args)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box.append((False, exc))
+        done.set()
 
 
 @contextlib.contextmanager

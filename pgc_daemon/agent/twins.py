@@ -16,7 +16,10 @@ served (the variant's thread count; the priority of the thread that attached, th
 ``runtime.Launcher``, not the swapper's lower one), and again once other processes leave
 this one more of the machine than they did then (a deployment lands while its search worker
 still runs). A call the twin fails is served
-by the variant; the twin is then taken off and not loaded again for that variant.
+by the variant; the twin is then taken off and not loaded again for that variant. A loaded twin
+is kept while its variant is (serving, its canary's control, or kept warm by
+:class:`~pgc_daemon.agent.variants.Variants`), so a rollback puts it back at once; after that it
+is let go, with the variant's weights it reads.
 """
 
 from __future__ import annotations
@@ -73,6 +76,16 @@ class GuardedTwin:
         return getattr(self.twin, "missed_shapes", {})
 
 
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """A twin loaded for a variant: kept while the variant is."""
+
+    module: torch.nn.Module
+    kernels: object
+    weights: str  # which weights it reads from the variant
+    digest: str  # its artifact
+
+
 class TwinWatch:
     """Gives the serving compiled variant its profiling twin once a worker built one."""
 
@@ -88,8 +101,7 @@ class TwinWatch:
         self._calibrated: dict[int, tuple[float, float | None]] = {}
         self._next_at = 0.0
         self._tried: set[tuple[int, str]] = set()  # (variant, twin digest) loaded or refused
-        #: variant -> (twin, kernels, which weights it reads from the variant)
-        self._loaded: dict[int, tuple[torch.nn.Module, object, str]] = {}
+        self._loaded: dict[int, _Kept] = {}
         #: what the last look found, for the agent's status
         self.state = "none"
         #: which weights the twin last put on the slot reads from its variant
@@ -103,6 +115,7 @@ class TwinWatch:
         if any(getattr(s.twin, "failures", 0) for s in (slot, slot.control) if s is not None):
             self._drop(slot)
             return False
+        self._let_go(slot)
         if slot.control is not None or slot.hookable or slot.variant_id is None:
             return False
         now = time.monotonic() if now is None else now
@@ -113,7 +126,7 @@ class TwinWatch:
             return False  # a package that carries kernel events itself
         kept = self._loaded.get(slot.variant_id)
         if kept is not None:  # the slot came back without it (a rollback, the demo's A/B)
-            return self._put(slot, *kept)
+            return self._put(slot, kept.module, kept.kernels, kept.weights)
         if now < self._next_at:
             return False
         self._next_at = now + POLL_S
@@ -133,8 +146,17 @@ class TwinWatch:
             self.state = f"not loaded: {describe(exc)}"
             log.warning("profiling twin of %s not used: %s", slot.label, describe(exc))
             return False
-        self._loaded[slot.variant_id] = (twin.module, twin.kernel_layers, weights)
+        self._loaded[slot.variant_id] = _Kept(twin.module, twin.kernel_layers, weights, digest)
         return self._put(slot, twin.module, twin.kernel_layers, weights)
+
+    def _let_go(self, slot: Slot) -> None:
+        """Twins of variants neither on the slot nor kept warm any more are let go (a package,
+        and the variant's weights it reads, each); if such a variant serves again, its twin is
+        loaded again."""
+        on_slot = {s.variant_id for s in (slot, slot.control) if s is not None}
+        for variant_id in [v for v in self._loaded if v not in on_slot
+                           and self._variants.in_memory(v) is None]:
+            self._tried.discard((variant_id, self._loaded.pop(variant_id).digest))
 
     def _share_weights(self, twin: torch.nn.Module, module: torch.nn.Module) -> str:
         """The twin reads the variant's weights where they are equal (``compiler.share_weights``:

@@ -4,6 +4,8 @@ and rollbacks. Real models (digits MLP), a real SQLite store, real threads."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from pgc_daemon.agent.slot import Slot
 from pgc_daemon.agent import twins
 from pgc_daemon.agent.runtime import thread_nice
 from pgc_daemon.agent.twins import GuardedTwin
+from pgc_daemon.agent.variants import KEEP_BUILT
 
 from pgc_daemon.services.queries import profile_summary
 from profiler import ProfilerConfig, exclusive_trace
@@ -236,6 +239,24 @@ def test_a_swap_under_concurrent_load_serves_every_request_correctly(
         wait_for(lambda: served.status()["profile_twin"].startswith("loaded"), timeout=30,
                  what="the kept twin calibrated")
         assert ", 0 kept its own, over 1 package(s)" in served.status()["profile_twin"]
+
+        # once its variant neither serves nor is kept warm (fp32 deployed, three others built
+        # since), the twin is let go; when that variant serves again, its twin is loaded again
+        twin_ref = weakref.ref(served.slot.twin.twin)
+        def deployed(recipe: Recipe) -> None:  # under traffic: a canary needs calls to judge
+            with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=2) as load:
+                dep = deploy(store, "mlp", recipe)
+                wait_for(lambda: deployment_state(store, dep) == "active", timeout=120,
+                         what=f"deployment of {recipe.label()}")
+            assert load.errors == [] and load.wrong == 0
+
+        deployed(Recipe())
+        for i in range(KEEP_BUILT):
+            served.swapper.variants.remember(Slot(mlp_spec["model"], 10_000 + i, "", True))
+        wait_for(lambda: gc.collect() >= 0 and twin_ref() is None, timeout=30,
+                 what="the twin of a variant no longer kept let go")
+        deployed(COMPILED)
+        wait_for(lambda: served.slot.twin is not None, timeout=30, what="the twin loaded again")
 
         # calls of a shape the package was not built for run the fp32 model: correct, never an
         # error, and said: the agent's status counts them, an event names their shapes, and
