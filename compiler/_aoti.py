@@ -52,7 +52,6 @@ from torch.utils._pytree import (
     tree_flatten,
     tree_unflatten,
     treespec_dumps,
-    treespec_loads,
 )
 
 from compiler import _attention
@@ -70,6 +69,7 @@ from compiler._dynamic import (
 from compiler._inputs import NOTE as INPUTS_NOTE
 from compiler._inputs import call_checked, copies
 from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
+from compiler._outputs import loads_spec
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
 
@@ -145,7 +145,7 @@ def signature_from_json(data: dict[str, Any]) -> Signature:
             leaves.append((tuple(leaf["shape"]), stride, dtype, torch.device(leaf["device"])))
     if data["spec"] is None:
         return tuple(leaves)
-    return (treespec_loads(data["spec"]), *leaves)
+    return (loads_spec(data["spec"]), *leaves)
 
 
 _TMPDIR_LOCK = threading.Lock()
@@ -201,7 +201,7 @@ class PackageRunner:
         self.native = NativePackage(path) if plain_package(path) else None
         self.loader = None if self.native is not None else _package_loader(path)
         spec = self.native.call_spec if self.native is not None else self.loader.get_call_spec()
-        in_spec, out_spec = (treespec_loads(s) for s in spec)
+        in_spec, out_spec = (loads_spec(s) for s in spec)
         self.kwarg_order = list(in_spec.child(1).context or [])
         self.out_spec = out_spec
 

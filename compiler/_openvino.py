@@ -40,10 +40,11 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps
 
 from compiler._errors import BuildError
 from compiler._ort import _flat_inputs
+from compiler._outputs import flat_forward, loads_spec
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
 from compiler._trace_check import check_trace
@@ -146,8 +147,10 @@ def convert(module: nn.Module, example: Example) -> Converted:
     ov = openvino()
     names, tensors = _flat_inputs(module, example, "openvino")
     with torch.no_grad():
-        leaves, spec = tree_flatten(module(*example[0], **example[1]))
-    with torch.no_grad(), quiet(), no_telemetry(), plain_transformer_layers():
+        out = module(*example[0], **example[1])
+    leaves, spec = tree_flatten(out)
+    with torch.no_grad(), quiet(), no_telemetry(), plain_transformer_layers(), \
+            flat_forward(module, out):
         model = ov.convert_model(module, example_input=dict(zip(names, tensors)))
     got = [i.get_any_name() if i.get_names() else "" for i in model.inputs]
     if len(got) != len(names) or len(model.outputs) != len(leaves):
@@ -265,4 +268,4 @@ def load_openvino(
     """An OpenVINO variant from stored IR: read and compiled, nothing converted or quantized.
     ``model`` gives the call signature."""
     ov_model = core().read_model(str(folder / FILES[0]), str(folder / FILES[1]))
-    return _wrap(ov_model, list(input_names), treespec_loads(out_spec), BackendMode(mode), model)
+    return _wrap(ov_model, list(input_names), loads_spec(out_spec), BackendMode(mode), model)

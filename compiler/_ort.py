@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps
 
 from compiler._errors import BuildError
+from compiler._outputs import flat_forward, loads_spec
 from compiler._registry import BuildContext, Example
 from compiler._trace_check import check_trace
 from compiler._tracing import plain_transformer_layers
@@ -83,7 +84,7 @@ def export_onnx(module: nn.Module, example: Example) -> tuple[bytes, list[str], 
     axes = {n: {d: f"{n}_{d}" for d in range(t.dim())} for n, t in zip(names, tensors)}
     axes.update({o: {d: f"{o}_{d}" for d in range(t.dim())} for o, t in zip(outputs, leaves)})
     buf = io.BytesIO()
-    with plain_transformer_layers(), warnings.catch_warnings():
+    with plain_transformer_layers(), flat_forward(module, out), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module, tuple(tensors), buf,  # type: ignore[arg-type]
@@ -331,7 +332,7 @@ def load_onnx(
     """An ONNX Runtime variant from a stored model file (``source`` checks it and gives its
     path): a session is created, nothing is exported or quantized. ``model`` gives the call
     signature."""
-    spec = treespec_loads(out_spec)
+    spec = loads_spec(out_spec)
     wrapped = OrtModule(source(), list(input_names), spec, threads=torch.get_num_threads(),
                         source=source)
     wrapped.signature = inspect.signature(model.forward)

@@ -27,6 +27,7 @@ from compiler import _backend, _buckets, _dynamic, _fusion, _kernels, _layout, _
 from compiler._errors import ArtifactUnavailable, BuildError, CompilerError
 from compiler._registry import BuildContext, BuildReport, Example, analysis_for, transform_for
 from compiler._kernel_map import kernel_events, with_kernel_events
+from compiler._outputs import register_dataclasses
 from compiler.cache import CacheKey, CompileCache, cache_key, checked_path, incompatible
 from compiler.recipe import Recipe
 
@@ -111,6 +112,8 @@ def build(
     ctx.state["original"] = model  # a packaged variant serves other shapes with it
     try:
         with torch.no_grad(), (cache.inductor_dir() if cache is not None else contextlib.nullcontext()):
+            if (first := ctx.first_input()) is not None:  # its dataclasses, for the exporters
+                register_dataclasses(model(*first[0], **first[1]))
             loaded = cache.load(key.for_graph()) if cache is not None and key is not None else None
             if loaded is not None:
                 module, meta = loaded
