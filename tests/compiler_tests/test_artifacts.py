@@ -307,17 +307,24 @@ def test_a_bucketed_variant_stores_one_package_per_bucket_and_loads_with_its_hoo
 ) -> None:
     model = tiny_bert["model"]
     recipe = Recipe(buckets=ShapeBuckets((16, 32)), backend=Backend("inductor"))
+    # each bucket is compiled during the build (one package each)
     v = build(model, recipe, example=tiny_bert["inputs"][0], cache=CompileCache(tmp_path))
+    assert len(v.module.runners) == 2
     manifest = json.loads((tmp_path / "artifacts" / v.artifact / "manifest.json").read_text())
     assert len(manifest["files"]) == 2 and manifest["state"]["token_leaves"] == []
     loaded = load_artifact(model, recipe, v.artifact, cache=CompileCache(tmp_path))
     assert loaded.module._pgc_buckets is not None
     g = torch.Generator().manual_seed(6)
-    for length in (7, 20):
-        ids, mask = token_batch(g, 1, length)
-        with torch.inference_mode():
-            assert compare(model(ids, mask), loaded.module(ids, mask))["cosine"] > 0.99999
-    assert loaded.module.shape_misses == 0
+    for module in (v.module, loaded.module):  # as built, and as another process loads it
+        seen: set[tuple[int, ...]] = set()
+        hook = module.register_forward_pre_hook(lambda _m, a: seen.add(tuple(a[0].shape)))
+        for length in (7, 9, 13, 20, 31):
+            ids, mask = token_batch(g, 1, length)
+            with torch.inference_mode():
+                assert compare(model(ids, mask), module(ids, mask))["cosine"] > 0.99999
+        hook.remove()
+        assert seen == {(1, 16), (1, 32)}  # each call padded to its bucket's package
+        assert module.shape_misses == 0  # and served by it
 
 
 def _fastest_ms(fns: list[Any], x: tuple[Any, ...], rounds: int) -> list[float]:

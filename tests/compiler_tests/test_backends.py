@@ -59,22 +59,6 @@ def test_buckets_cut_token_level_outputs_back_and_leave_pooled_ones(tiny_bert: d
     assert torch.allclose(out.pooler_output, ref.pooler_output, atol=1e-5)
 
 
-def test_buckets_keep_a_compiled_variant_to_one_shape_per_bucket(tiny_bert: dict[str, Any]) -> None:
-    model = tiny_bert["model"]
-    buckets = ShapeBuckets((16, 32))  # each bucket is compiled during the build (one package each)
-    built = build(model, Recipe(buckets=buckets, backend=Backend("inductor")), example=tiny_bert["inputs"][0])
-    assert len(built.module.runners) == 2
-    seen: set[tuple[int, ...]] = set()
-    built.module.register_forward_pre_hook(lambda _m, a: seen.add(tuple(a[0].shape)))
-    g = torch.Generator().manual_seed(9)
-    for length in (7, 9, 13, 31):
-        ids, mask = _unpadded(g, length, batch=1)
-        with torch.inference_mode():
-            assert compare(model(ids, mask), built.module(ids, mask))["cosine"] > 0.99999
-    assert seen == {(1, 16), (1, 32)}
-    assert built.module.shape_misses == 0  # every call was served by a bucket's package
-
-
 def test_memory_partition_compiles_block_by_block_without_frozen_copies(tiny_bert: dict[str, Any]) -> None:
     model = tiny_bert["model"]
     recipe = Recipe(backend=Backend("inductor"), partition=Partition("memory"))
