@@ -57,6 +57,19 @@ def settings(tmp_path: Path, store_url: str) -> Any:
 
 
 @pytest.fixture(scope="session")
+def real_data(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The whole loop on the digits MLP, once per session (one to three minutes on 2 cores;
+    :mod:`tests.dashboards_tests.realdata`): the loop's test and the dashboard's read it.
+    ``PGC_TEST_REALDATA=DIR`` reuses a copy of what ``python -m tests.dashboards_tests.realdata
+    DIR`` wrote, when working on the dashboard."""
+    from tests.dashboards_tests.realdata import produce, reuse
+
+    root = tmp_path_factory.mktemp("realdata")
+    earlier = os.environ.get("PGC_TEST_REALDATA")
+    return reuse(Path(earlier), root) if earlier else produce(root)
+
+
+@pytest.fixture(scope="session")
 def mlp_spec() -> dict[str, Any]:
     from pgc_daemon.examples import digits
 

@@ -1,5 +1,5 @@
-"""Shared fixtures of the dashboard, metrics and API-fuzzing tests: one store of real data
-per session (see :mod:`.realdata`), and ``pgc serve`` started as a real subprocess over it."""
+"""Shared fixtures of the dashboard, metrics and API-fuzzing tests: ``pgc serve`` started as
+a real subprocess over the session's store of real data (``real_data``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .realdata import RealData, produce, reuse
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 TOKEN = "dashboard-test-token"
@@ -114,18 +113,6 @@ def pgc_serve(store_url: str, workdir: Path, *, token: str | None = TOKEN, poll_
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="session")
-def real_data(tmp_path_factory: pytest.TempPathFactory) -> RealData:
-    """The whole loop on the digits MLP, once per session (one to three minutes on 2 cores).
-    ``PGC_TEST_REALDATA=DIR`` reuses a copy of what ``python -m tests.dashboards_tests.realdata
-    DIR`` wrote, when working on the dashboard."""
-    root = tmp_path_factory.mktemp("realdata")
-    earlier = os.environ.get("PGC_TEST_REALDATA")
-    if earlier:
-        return reuse(Path(earlier), root)
-    return produce(root)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""A store of REAL data for the dashboard, metrics and fuzzing tests: the whole loop on the
-digits MLP (attach -> live per-layer profile -> Optuna search in a worker process -> hot-swap
+"""A store of REAL data for the loop, dashboard, metrics and fuzzing tests (the session's
+``real_data`` fixture, ``tests/conftest.py``): the whole loop on the digits MLP (attach -> live per-layer profile -> Optuna search in a worker process -> hot-swap
 through the canary), then a rollback and a redeploy through the API, with live traffic all
 along so the latency timeline has windows before, between and after the markers.
 
@@ -42,6 +42,13 @@ class RealData:
     study_name: str
     profile_twin: bool
     """Whether the deployed variant has a profiling twin (its compiled kernels have rows)."""
+    search_deployment_id: int
+    """The search's last deployment (or, when it kept fp32, the fixture's of its fastest
+    trial), before the rollback and the redeployment."""
+    agent_loads: int | None = None
+    """Variants the serving process loaded as a worker's artifact, and compiled itself
+    (None: a reused store, not known)."""
+    agent_compiles: int | None = None
 
 
 def settings_for(root: Path) -> Settings:
@@ -134,6 +141,7 @@ def _produce(root: Path) -> RealData:
                 outcome = wait_for(lambda: _active(store, model_id, "manual"), timeout=300, every=0.3,
                                    what="the deployment of the search's variant")
             dep = outcome
+            loads, compiles = served.swapper.variants.loads, served.swapper.variants.compiles
             time.sleep(3.0)
             r = api.post(f"/api/models/{MODEL}/rollback", json={"reason": "rollback for the dashboard tests"})
             assert r.status_code == 202, r.text
@@ -171,6 +179,9 @@ def _produce(root: Path) -> RealData:
         deployed_variant_id=dep.variant_id,
         study_name=study,
         profile_twin=twin,
+        search_deployment_id=dep.id,
+        agent_loads=loads,
+        agent_compiles=compiles,
     )
 
 
@@ -187,13 +198,16 @@ def reuse(src: Path, dst: Path) -> RealData:
             model = st.repo.get_model(s, MODEL)
             run = st.repo.list_search_runs(s, model.id)[-1]
             # the redeployment through the API (newest first): the variant deployed last
-            dep = next(d for d in st.repo.list_deployments(s, model.id) if d.source == "manual")
+            deps = st.repo.list_deployments(s, model.id)
+            dep = next(d for d in deps if d.source == "manual")
+            first = next(d for d in deps if d.source != "rollback" and d.id < dep.id
+                         and d.variant_id == dep.variant_id)
             variant_id, study = dep.variant_id, run.study_name
             twin = st.repo.get_variant(s, variant_id).profile_artifact is not None
     finally:
         store.close()
     return RealData(dst, settings.store_url, settings.optuna_storage(), MODEL, variant_id, study,
-                    twin)
+                    twin, first.id)
 
 
 def main(argv: list[str]) -> int:

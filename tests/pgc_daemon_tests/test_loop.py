@@ -10,71 +10,46 @@ import pytest
 from fastapi.testclient import TestClient
 
 import store as st
-from pgc_daemon import attach, states
+from pgc_daemon import attach
 from pgc_daemon.api import create_app
 from pgc_daemon.optimizer.daemon import Daemon
 from pgc_daemon.optimizer.workers import pid_namespace
 from pgc_daemon.settings import Settings
+from tests.dashboards_tests.realdata import POLICY, RealData
 
 from .helpers import Load, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: Settings, store: st.Store) -> None:
-    # three trials: the baselines a first deployment comes from (the fourth, int8 dynamic through
-    # Inductor, builds for 130 s on a CPU without VNNI)
-    policy = {"max_trials": 3, "canary_s": 1.0, "min_speedup": 1.0, "max_accuracy_drop": 0.02}
-    served = attach(mlp_spec["model"], name="mlp", spec="pgc_daemon.examples.digits:mlp",
-                    settings=settings, policy=policy)
-    daemon = Daemon(settings, store)
-    inputs = [a[0] for a in mlp_spec["example_inputs"]]
+def test_loop_profiles_searches_and_deploys(real_data: RealData) -> None:
+    """The session's loop (``real_data``: the digits MLP attached under traffic, a daemon
+    whose worker searches, deployments through the canary; then a rollback and a redeployment
+    through the API, which the dashboard tests read), checked through the store and the API."""
+    # the serving process loaded what the worker built: the worker wrote its artifacts to the
+    # daemon's work dir (it once fell back to ./.pgc, and the agent compiled here)
+    if real_data.agent_loads is None:
+        pytest.skip("a reused store (PGC_TEST_REALDATA): what the agent loaded is not known")
+    assert real_data.agent_loads >= 1 and real_data.agent_compiles == 0
+    store = st.open_store(real_data.store_url)
     try:
-        with Load(served, mlp_spec["model"], inputs, threads=2) as load:
-            daemon.start()
-
-            def finished() -> Any:
-                """The search's last deployment, active, once its worker is gone (it deploys
-                good trials while it searches, and its final choice after)."""
-                with store.session() as s:
-                    if served.model_id is None:
-                        return None
-                    runs = st.repo.list_search_runs(s, served.model_id)
-                    if runs and runs[0].state in ("failed", "infeasible", "cancelled"):
-                        raise AssertionError(f"search {runs[0].state}: {runs[0].message}")
-                    if not runs or runs[0].state in ("queued", "running") or runs[0].id in daemon.workers:
-                        return None
-                    if any(d.state in states.OPEN for d in st.repo.list_deployments(s, served.model_id)):
-                        return None
-                    dep = st.repo.active_deployment(s, served.model_id)
-                    if dep is not None and dep.source == "search":
-                        return dep
-                    kept = st.repo.list_events(s, served.model_id, kind="kept")
-                    if kept:
-                        raise AssertionError(kept[0].message)
-                    return None
-
-            dep = wait_for(finished, timeout=600, every=1.0, what="a deployment from the search")
-        assert load.errors == [] and load.wrong == 0
-        # the serving process loaded what the worker built: the worker wrote its artifacts to
-        # the daemon's work dir (it once fell back to ./.pgc, and the agent compiled here)
-        variants = served.swapper.variants
-        assert variants.loads >= 1 and variants.compiles == 0, variants.last_source
-        served.flush()
         with store.session() as s:
-            model = st.repo.get_model(s, "mlp")
+            model = st.repo.get_model(s, real_data.model)
             assert st.repo.layer_profile(s, model.id), "per-layer stats in the store"
             trials = st.repo.list_trials(s, model.id)
-            assert 1 <= len(trials) <= 3
+            assert 1 <= len(trials) <= POLICY["max_trials"]
             assert all(t.params for t in trials)
             assert any(t.state == "complete" and t.feasible for t in trials)
             run = st.repo.list_search_runs(s, model.id)[0]
             assert run.state == "done"
-            # what serves is the run's final choice, or the run says why not: the choice did
-            # not beat what serves, or its canary rolled it back while searching
+            dep = st.repo.get_deployment(s, real_data.search_deployment_id)
+            # what served is the run's final choice, or the run says why not: the choice did
+            # not beat what served, or its canary rolled it back while searching
             kept = [e for e in st.repo.list_events(s, model.id, kind="kept") if e.at >= run.finished_at]
-            lost = [d for d in st.repo.list_deployments(s, model.id)
-                    if d.variant_id == run.chosen_variant_id and d.state == "rolled_back"]
+            lost = [d for d in st.repo.list_deployments(s, model.id)  # (dep: the API's rollback)
+                    if d.variant_id == run.chosen_variant_id and d.state == "rolled_back"
+                    and d.id != dep.id]
+            assert dep.source == "search" or kept, (dep.source, run.message)
             assert run.chosen_variant_id == dep.variant_id or kept or lost, (run.message, dep.reason)
             # a compiled choice gets its profiling twin, built by the worker after the run
             chosen = st.repo.get_variant(s, run.chosen_variant_id)
@@ -82,19 +57,20 @@ def test_loop_profiles_searches_and_deploys(mlp_spec: dict[str, Any], settings: 
                 assert chosen.profile_artifact is not None
                 (event,) = st.repo.list_events(s, model.id, kind="profile_twin")
                 assert event.data["artifact"] == chosen.profile_artifact
-            full = st.repo.get_deployment(s, dep.id)
-            assert [t.to_state for t in full.transitions] == [
+            assert [t.to_state for t in dep.transitions][:6] == [
                 "candidate", "building", "warming", "verifying", "canary", "active"
-            ]
+            ]  # and then rolled back through the API
+            active = st.repo.active_deployment(s, model.id)
+            assert active is not None and active.variant_id == real_data.deployed_variant_id
+        settings = Settings(store_url=real_data.store_url, work_dir=str(real_data.root / "work"))
         api = TestClient(create_app(settings, store=store), base_url="http://127.0.0.1")
-        body = api.get("/api/models/mlp").json()
-        assert body["active"]["deployment_id"] == dep.id
-        assert body["active"]["expected_speedup"] == pytest.approx(dep.expected_speedup)
-        front = api.get("/api/models/mlp/front").json()
+        body = api.get(f"/api/models/{real_data.model}").json()
+        assert body["active"]["deployment_id"] == active.id
+        assert body["active"]["expected_speedup"] == pytest.approx(active.expected_speedup)
+        front = api.get(f"/api/models/{real_data.model}/front").json()
         assert any(p["deployed"] for p in front["points"])
     finally:
-        daemon.stop()
-        served.close()
+        store.close()
 
 
 def test_a_daemon_killed_mid_search_resumes_its_study(mlp_spec: dict[str, Any], settings: Settings, store: st.Store) -> None:
