@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from compiler._siblings import may_have_sibling_linears
     from compiler._conv_gemm import has_eligible_convs
     from compiler._quant import refused
+    from compiler._as_built import as_built
     from compiler._ort import untraceable_inputs
     from compiler._twin_weights import SharedWeights, share_weights
 
@@ -82,6 +83,7 @@ _LAZY: dict[str, str] = {
     "may_have_sibling_linears": "compiler._siblings",
     "has_eligible_convs": "compiler._conv_gemm",
     "refused": "compiler._quant",
+    "as_built": "compiler._as_built",
     "untraceable_inputs": "compiler._ort",
     "SharedWeights": "compiler._twin_weights",
     "share_weights": "compiler._twin_weights",

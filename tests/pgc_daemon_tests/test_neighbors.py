@@ -160,3 +160,32 @@ def test_the_moves_bound_the_worst_case_the_sampler_alone_leaves_open() -> None:
     moved = [_found(_search(seed, moves=True)) for seed in range(10)]
     assert max(moved) <= 11
     assert max(alone) > 12
+
+
+def test_moves_a_peer_backend_builds_alike_are_one_recipe_and_tried_once() -> None:
+    choices = (*CHOICES, "bf16")
+    space = Space(hot_layers=("a", "b"), layer_choices=choices, default_choices=choices,
+                  backends=("onnxruntime", "inductor"))
+    ort = space.params("int8-dynamic-pc", "onnxruntime")
+    as_fp32, as_bf16 = ({**ort, "layer:a": c} for c in ("fp32", "bf16"))
+    # ONNX Runtime builds no bf16 layer: the label says fp32, as it runs
+    assert space.recipe(as_bf16) == space.recipe(as_fp32)
+    assert space.recipe(as_bf16).label() == "int8-dynamic-pc+1 fp32 · onnxruntime"
+    on_inductor = [space.recipe({**p, "backend": "inductor"}) for p in (as_fp32, as_bf16)]
+    assert on_inductor[0] != on_inductor[1]  # where bf16 is built, it is another recipe
+
+    def record(params: dict[str, Any], number: int, ratio: float) -> TrialRecord:
+        recipe = space.recipe(params)
+        return TrialRecord(number=number, state="complete", params=params,
+                           recipe=recipe.to_dict(), recipe_hash=recipe.hash,
+                           label=recipe.label(), ratio=ratio, speedup=1 / ratio, drop=0.0,
+                           feasible=True)
+
+    tried = [record(ort, 0, 0.5), record(as_fp32, 1, 0.7)]
+    moves = []
+    while (move := next_neighbor(space, tried, FASTEST)) is not None:
+        moves.append(move)
+        tried.append(record(move, len(tried), 0.7))
+    assert as_bf16 not in moves  # built like a move already measured: never measured again
+    assert len({space.recipe(m).hash for m in moves}) == len(moves)
+    assert any(m["backend"] == "inductor" for m in moves)

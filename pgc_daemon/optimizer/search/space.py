@@ -32,6 +32,7 @@ from compiler import (
     Recipe,
     SensitivityReport,
     ShapeBuckets,
+    as_built,
     has_eligible_convs,
     may_have_sibling_linears,
 )
@@ -127,7 +128,9 @@ class Space:
             parts["dynamic"] = DynamicShapes(dim=1)
         if self.gpu and any(c.scheme == "weight_only" for c in rules.values()):
             parts["kernels"] = Kernels("triton")
-        return Recipe(**parts)
+        # what a peer backend builds of it: its label says what runs, and parameters that
+        # build the same variant are one recipe, measured once (the study's duplicates)
+        return as_built(Recipe(**parts))
 
     def params(self, default: str, backend: str, **layers: str) -> dict[str, Any]:
         """Parameters for an enqueued trial: every hot layer follows ``default`` unless named,
