@@ -14,6 +14,8 @@ from pgc_daemon.cli._base import (
 )
 
 ORDER = 10
+#: The demo's canary: 15 s beside what served before (shorter than the default 20 s).
+CANARY_S = 15.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pgc_daemon.cli._demo import CANARY_S, DemoOptions, run_demo
     from pgc_daemon.errors import PolicyError
     from pgc_daemon.policy import Policy
 
+    # every check before the demo's imports (torch and the model: seconds), so a typo is
+    # refused at once
     settings = settings_from(args).model_copy(
         update={"window_s": 5.0, "sample_every": 20, "min_profile_calls": 200, "poll_s": 1.0}
     )
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
                                "canary_s": CANARY_S, "backends": backends_from(args)})
     except PolicyError as exc:
         raise UsageError(str(exc).removeprefix("invalid policy: ")) from None
+    from pgc_daemon.cli._demo import DemoOptions, run_demo
+
     report = run_demo(
         settings,
         DemoOptions(

@@ -35,9 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from pgc_daemon.api import create_app
     from pgc_daemon.settings import is_loopback
 
     settings = settings_from(args)
@@ -64,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    # after every check: the API's imports take seconds (torch), a refusal should not
+    import uvicorn
+
+    from pgc_daemon.api import create_app
+
     app = create_app(settings, store=store, run_daemon=True)
     server = uvicorn.Server(
         uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,19 +24,22 @@ def test_help_lists_the_commands() -> None:
         assert cmd in out.stdout
 
 
+REFUSED_AT_ONCE = [
+    ["demo", "--duration", "-5"],
+    ["demo", "--max-drop", "3"],
+    ["demo", "--rate", "0"],
+    ["demo", "--backends", "tensorrt"],  # not a backend pgc knows
+    ["demo", "--backends", " , "],
+    ["serve", "--store", "mysql://x/y"],
+    ["serve", "--host", "0.0.0.0"],  # off loopback without --allow-remote
+    ["serve", "--token-file", "missing-token"],
+]
+
+
 @pytest.mark.parametrize(
     "args",
-    [
-        ["demo", "--duration", "-5"],
-        ["demo", "--max-drop", "3"],
-        ["demo", "--rate", "0"],
-        ["demo", "--backends", "tensorrt"],  # not a backend pgc knows
-        ["demo", "--backends", " , "],
-        ["optimize", "pgc_daemon.examples.digits:mlp", "--backends", "inductor,inductor"],
-        ["serve", "--store", "mysql://x/y"],
-        ["serve", "--host", "0.0.0.0"],  # off loopback without --allow-remote
-        ["serve", "--token-file", "missing-token"],
-    ],
+    [*REFUSED_AT_ONCE,
+     ["optimize", "pgc_daemon.examples.digits:mlp", "--backends", "inductor,inductor"]],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], tmp_path: Path) -> None:
     out = pgc(*args, cwd=tmp_path)
@@ -43,6 +47,21 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], tmp_path: Path) -> No
     lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "error" in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_bad_input_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    """Checking the arguments takes no torch, model or API imports (seconds on 2 cores)."""
+    script = ("import contextlib, io, json, sys\n"
+              "from pgc_daemon.cli import run\n"
+              "out = []\n"
+              "for args in json.loads(sys.argv[1]):\n"
+              "    with contextlib.redirect_stderr(io.StringIO()):\n"
+              "        out.append([run(args), 'torch' in sys.modules])\n"
+              "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(REFUSED_AT_ONCE)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[2, False]] * len(REFUSED_AT_ONCE)
 
 
 def test_the_demo_loads_a_machine_by_what_fp32_costs_there() -> None:
