@@ -14,8 +14,6 @@ from pgc_daemon.cli._base import (
 )
 
 ORDER = 10
-#: The demo's canary: 15 s beside what served before (shorter than the default 20 s).
-CANARY_S = 15.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,13 +50,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--rate, --clients and --trials must be positive")
     if not 0 <= args.max_drop <= 1:
         raise UsageError("--max-drop must be between 0 and 1")
+    terms = {"max_accuracy_drop": args.max_drop, "max_trials": args.trials,
+             "backends": backends_from(args)}
     try:
-        policy = Policy.parse({"max_accuracy_drop": args.max_drop, "max_trials": args.trials,
-                               "canary_s": CANARY_S, "backends": backends_from(args)})
+        Policy.parse(terms)
     except PolicyError as exc:
         raise UsageError(str(exc).removeprefix("invalid policy: ")) from None
-    from pgc_daemon.cli._demo import DemoOptions, run_demo
+    from pgc_daemon.cli._demo import CANARY_S, DemoOptions, run_demo
 
+    policy = Policy.parse({**terms, "canary_s": CANARY_S})
     report = run_demo(
         settings,
         DemoOptions(
