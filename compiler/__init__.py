@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         BuiltVariant, at_threads, build, build_profiling_twin, load_artifact, run, warm,
     )
     from compiler.cache import CacheKey, CompileCache, cache_key
-    from compiler.fidelity import METRICS, choose_metric, compare, fidelity
+    from compiler.fidelity import METRICS, choose_metric, compare, fidelity, judgments
     from compiler.fingerprint import fingerprint
     from compiler._openvino import search_backends as openvino_backends
     from compiler.hardware import FP8_CAPABILITY, Hardware, probe
@@ -60,6 +60,7 @@ _LAZY: dict[str, str] = {
     "choose_metric": "compiler.fidelity",
     "compare": "compiler.fidelity",
     "fidelity": "compiler.fidelity",
+    "judgments": "compiler.fidelity",
     "fingerprint": "compiler.fingerprint",
     "openvino_backends": "compiler._openvino",
     "recompile_limit_hits": "compiler._quiet",

@@ -126,6 +126,37 @@ def fidelity(metric: str, references: Sequence[Any], outputs: Sequence[Any]) -> 
     return min(value, exact) if math.isfinite(value) else 0.0
 
 
+def judgments(metric: str, references: Sequence[Any]) -> int:
+    """How many separate yes-or-no judgments a fidelity by ``metric`` over ``references`` is
+    the share of: for ``top1`` the rows whose argmax is compared (a batch of 4 is 4 rows);
+    0 for the continuous metrics, whose drop is not a count."""
+    if metric != "top1":
+        return 0
+    rows = 0
+    for ref in references:
+        leaves = float_leaves(ref)
+        if leaves and leaves[0].dim():
+            rows += leaves[0].numel() // max(leaves[0].shape[-1], 1)
+    return rows
+
+
+def drop_floor(metric: str, drop: float, judged: int, confidence: float = 0.95) -> float:
+    """The least true accuracy drop that a measured ``drop`` over ``judged`` judgments
+    (:func:`judgments`) makes likely: for ``top1``, the one-sided Clopper-Pearson lower
+    bound at ``confidence`` of the rate of changed rows. One row changed of 8 (a measured
+    drop of 0.125) is as likely from a true drop of 0.0064 as from 0.5: a row whose logits
+    nearly tie flips under any change. Continuous metrics, and counts not known
+    (``judged`` 0), give ``drop`` back."""
+    if metric != "top1" or judged <= 0 or drop <= 0:
+        return drop
+    changed = min(judged, max(0, round(drop * judged)))
+    if changed == 0:
+        return 0.0
+    from scipy.stats import beta
+
+    return float(beta.ppf(1.0 - confidence, changed, judged - changed + 1))
+
+
 def compare(reference: Any, output: Any) -> dict[str, float]:
     """Every error measure that fits one pair of outputs: max abs, RMS, cosine, SQNR (dB) and,
     for 2-D outputs, top-1 agreement."""

@@ -32,7 +32,14 @@ from compiler import _pt2e
 from compiler._quant import INT8_MODULES, STATIC_MODULES
 from compiler._registry import Example
 from compiler.build import build
-from compiler.fidelity import choose_metric, compare, fidelity, float_leaves
+from compiler.fidelity import (
+    choose_metric,
+    compare,
+    drop_floor,
+    fidelity,
+    float_leaves,
+    judgments,
+)
 from compiler.recipe import LayerQuant, Quantization, Recipe
 
 
@@ -61,6 +68,14 @@ class SensitivityReport:
     inputs: int
     rows: list[LayerSensitivity] = field(default_factory=list)
     seconds: float = 0.0
+    samples: int = 0
+    """The yes-or-no judgments each row's drop is the share of (``top1``: rows compared);
+    0 for continuous metrics, and where not known (a report stored before it was kept)."""
+
+    def floor(self, row: LayerSensitivity) -> float | None:
+        """The least drop ``row``'s measured one makes likely (``compiler.fidelity.drop_floor``):
+        what the search prunes a choice by, so that one changed row of 8 does not."""
+        return None if row.drop is None else drop_floor(self.metric, row.drop, self.samples)
 
     def ranked(self, choice: str | None = None) -> list[LayerSensitivity]:
         """Measured rows, most sensitive first (lowest fidelity, then lowest SQNR)."""
@@ -85,6 +100,7 @@ class SensitivityReport:
             "metric": self.metric,
             "inputs": self.inputs,
             "seconds": round(self.seconds, 3),
+            "samples": self.samples,
             "rows": [_finite(asdict(r)) for r in self.rows],
         }
 
@@ -93,13 +109,14 @@ class SensitivityReport:
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One plain dict per (layer, choice), as ``store.repo.save_sensitivity`` takes them."""
-        return [{**_finite(asdict(r)), "metric": self.metric, "inputs": self.inputs} for r in self.rows]
+        return [{**_finite(asdict(r)), "metric": self.metric, "inputs": self.inputs,
+                 "samples": self.samples} for r in self.rows]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SensitivityReport:
         rows = [LayerSensitivity(**r) for r in data.get("rows", [])]
         return cls(metric=data["metric"], inputs=int(data["inputs"]), rows=rows,
-                   seconds=float(data.get("seconds", 0.0)))
+                   seconds=float(data.get("seconds", 0.0)), samples=int(data.get("samples", 0)))
 
     @classmethod
     def from_json(cls, text: str) -> SensitivityReport:
@@ -188,7 +205,7 @@ def sensitivity(
     metric = metric or choose_metric(refs[0])
     ref_flat = _merged(refs)
     parsed = [c if isinstance(c, LayerQuant) else LayerQuant.parse(c) for c in choices]
-    report = SensitivityReport(metric=metric, inputs=len(inputs))
+    report = SensitivityReport(metric=metric, inputs=len(inputs), samples=judgments(metric, refs))
     all_layers = sorted({n for c in parsed for n in candidate_layers(model, c)} | set(layers or ()))
     wanted = list(layers) if layers is not None else all_layers
     io = _layer_io(model, [n for n in wanted if n in dict(model.named_modules())], inputs)

@@ -339,4 +339,7 @@ class LayerSensitivity(Base):
     layer_sqnr_db: Mapped[float | None] = mapped_column(Float)
     status: Mapped[str] = mapped_column(Text)
     inputs: Mapped[int] = mapped_column(Integer)
+    #: the yes-or-no judgments behind a top-1 drop (rows compared); None: continuous metric,
+    #: or measured before it was kept
+    samples: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)

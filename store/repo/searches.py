@@ -100,6 +100,7 @@ def list_trials(
 
 _SENSITIVITY_FIELDS = (
     "metric", "fidelity", "rms", "sqnr_db", "max_abs", "layer_sqnr_db", "status", "inputs",
+    "samples",
 )
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compiler import choose_metric, compare, fidelity, fingerprint
-from compiler.fidelity import sqnr_db_of
+from compiler.fidelity import drop_floor, judgments, sqnr_db_of
 
 
 def test_cosine_of_identical_and_opposite_embeddings() -> None:
@@ -112,3 +112,26 @@ def test_fingerprint_follows_weights_not_identity() -> None:
     with torch.no_grad():
         b.weight[0, 0] += 1e-3
     assert fingerprint(a) != fingerprint(b)
+
+
+def test_top1_judgments_are_the_rows_compared() -> None:
+    batch1 = [torch.randn(1, 10) for _ in range(8)]
+    batch4 = [torch.randn(4, 10) for _ in range(3)]
+    assert judgments("top1", batch1) == 8
+    assert judgments("top1", batch4) == 12
+    assert judgments("top1", [{"logits": torch.randn(2, 5, 10)}]) == 10  # rows of a sequence
+    assert judgments("cosine", batch1) == 0 and judgments("sqnr", batch4) == 0
+
+
+def test_a_top1_drop_floor_is_the_least_likely_rate_of_changed_rows() -> None:
+    # one row of 8 changed: as likely from a true drop of 0.0064 (1 - 0.95 ** (1 / 8))
+    one = drop_floor("top1", 1 / 8, 8)
+    assert one == pytest.approx(1 - 0.95 ** (1 / 8), rel=1e-6)
+    assert one < 0.01 < drop_floor("top1", 2 / 8, 8) < 2 / 8
+    # more rows, the same share: a tighter floor, closer to the share measured
+    assert drop_floor("top1", 1 / 8, 8) < drop_floor("top1", 8 / 64, 64) < 1 / 8
+    assert drop_floor("top1", 0.0, 8) == 0.0
+    assert drop_floor("top1", 1.0, 8) == pytest.approx(0.05 ** (1 / 8), rel=1e-6)
+    # continuous metrics, and counts not known, keep the drop measured
+    assert drop_floor("cosine", 0.125, 8) == 0.125
+    assert drop_floor("top1", 0.125, 0) == 0.125

@@ -109,3 +109,30 @@ def test_sensitivity_is_stored_per_graph_and_read_back_most_sensitive_first(
         assert len(repo.load_sensitivity(s, model_id, graph)) == len(report.rows)
         assert repo.delete_sensitivity(s, model_id, graph) == len(report.rows)
         assert repo.load_sensitivity(s, model_id, graph) == []
+
+
+def test_top1_reports_count_the_rows_behind_each_drop_and_keep_the_count(
+    store: Any, cnn_spec: dict[str, Any]
+) -> None:
+    from store import repo
+
+    ins = examples(cnn_spec, 4)
+    r = sensitivity(cnn_spec["model"], ins, ["int8-static-pc"], layers=["features.3"], max_inputs=4)
+    rows = sum(o.shape[0] for o in outputs(cnn_spec["model"], ins))
+    assert r.metric == "top1" and r.samples == rows > 0
+    assert SensitivityReport.from_json(r.to_json()).samples == rows
+    row = r.get("features.3", "int8-static-pc")
+    floor = r.floor(row) if row is not None else None
+    assert row is not None and row.drop is not None and floor is not None and floor <= row.drop
+    graph = fingerprint(cnn_spec["model"])
+    with store.session() as s:
+        model_id = repo.upsert_model(s, "cnn", graph_hash=graph).id
+        repo.save_sensitivity(s, model_id, graph, r.to_rows())
+    with store.session() as s:
+        assert [x.samples for x in repo.load_sensitivity(s, model_id, graph)] == [rows]
+
+
+def test_continuous_metrics_count_no_judgments(report: SensitivityReport) -> None:
+    assert report.samples == 0
+    row = report.get(LAYERS[0], "int8-dynamic-pc")
+    assert row is not None and report.floor(row) == row.drop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 import time
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import store as st
 from compiler import Backend, Hardware, SensitivityReport
 from pgc_daemon.errors import PolicyError, SpecError
 from pgc_daemon.modelspec import as_examples, load_spec
@@ -287,6 +289,38 @@ def test_sensitivity_picks_the_hot_layers_and_prunes_their_choices(mlp_spec: dic
         assert params["layer:net.1"] in space.choices_of("net.1")
     assert space.params("int8-static-pc", "inductor")["layer:net.3"] == "fp32"
     assert space.size == len(list(space.grid()))
+
+
+def test_one_changed_row_of_a_few_prunes_nothing_two_do(mlp_spec: dict, store: Any) -> None:
+    """Top-1 sensitivity on 8 rows moves in steps of 0.125: a choice is pruned when even the
+    least drop its count makes likely breaks the budget, and a report whose count is not
+    known (stored before it was kept) prunes by the drop measured, as before."""
+    from compiler import LayerSensitivity, SensitivityReport
+    from pgc_daemon.optimizer.search.runner import stored_sensitivity
+    from pgc_daemon.optimizer.search.space import prune
+
+    def report(samples: int) -> SensitivityReport:
+        rep = SensitivityReport(metric="top1", inputs=8, samples=samples)
+        rep.rows += [LayerSensitivity("net.1", "int8-static-pc", 7 / 8, None, None, None, None),
+                     LayerSensitivity("net.3", "int8-static-pc", 6 / 8, None, None, None, None)]
+        return rep
+
+    choices = ("fp32", "int8-static-pc")
+    kept, removed = prune(["net.1", "net.3"], choices, report(8), 0.01)
+    assert kept == {"net.1": choices, "net.3": ("fp32",)}
+    assert removed == [("net.3", "int8-static-pc",
+                        "drop 0.2500 (at least 0.0464 likely) alone > budget 0.01")]
+    kept, _ = prune(["net.1", "net.3"], choices, report(8), 0.005)  # a budget under the floor
+    assert kept == {"net.1": ("fp32",), "net.3": ("fp32",)}
+    kept, _ = prune(["net.1", "net.3"], choices, report(0), 0.01)
+    assert kept == {"net.1": ("fp32",), "net.3": ("fp32",)}
+    # the count travels through the store with the rows: a resumed search prunes alike
+    with store.session() as s:
+        model_id = st.repo.upsert_model(s, "mlp", graph_hash="a" * 64).id
+        st.repo.save_sensitivity(s, model_id, "a" * 64, report(8).to_rows())
+    again = stored_sensitivity(store, model_id, "a" * 64)
+    assert again is not None and again.samples == 8
+    assert prune(["net.1", "net.3"], choices, again, 0.01)[0]["net.1"] == choices
 
 
 def test_the_space_offers_graph_parts_for_conv_models_and_buckets_for_varied_traffic(

@@ -306,7 +306,8 @@ def stored_sensitivity(store: st.Store, model_id: int, graph_hash: str) -> Sensi
         rows = st.repo.load_sensitivity(s, model_id, graph_hash)
     if not rows:
         return None
-    report = SensitivityReport(metric=rows[0].metric, inputs=rows[0].inputs)
+    report = SensitivityReport(metric=rows[0].metric, inputs=rows[0].inputs,
+                               samples=rows[0].samples or 0)
     for r in rows:
         report.rows.append(
             LayerSensitivity(
