@@ -3,7 +3,8 @@ transformer layers, dict and tuple outputs, keyword inputs, recurrent layers, de
 convolutions with a squeeze-excite gate, an ``EmbeddingBag`` over integer ids, a branch on
 the input's values, a dataclass output, a list of tensors in, hand-written causal attention
 over ``F.scaled_dot_product_attention`` with an RMS norm, a model served in bfloat16, a model
-that returns class ids. Each is
+that returns class ids, and two models of Hugging Face ``transformers`` (a ViT over the image's
+2x2 patches, a GPT-2 reading the pixels as tokens), as their library writes them. Each is
 trained on scikit-learn's bundled digits (no download), seeded and single-threaded, so every
 process builds bit-identical weights (a live search checks that by fingerprint).
 
@@ -13,7 +14,7 @@ MODEL_SPECs: ``bench._foreign_models:encoder`` (and the others :data:`SPECS` lis
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from torch import nn
 from pgc_daemon.examples.digits import accuracy, data, train
 
 SPECS = ("encoder", "dict_out", "conv1d", "gru", "mobile", "bag", "branchy", "dataclass_out",
-         "list_in", "causal", "half", "labels_out")
+         "list_in", "causal", "half", "labels_out", "hf_vit", "hf_gpt2")
 
 
 class Encoder(nn.Module):
@@ -223,6 +224,34 @@ def _ids(x: torch.Tensor) -> torch.Tensor:
     return (x.reshape(x.shape[0], 64) * 16).round().long() + 17 * torch.arange(64)
 
 
+def hf_vit_model() -> nn.Module:
+    """``transformers``' ViT for image classification, sized for 8x8 digits: 16 patches."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    return ViTForImageClassification(ViTConfig(
+        image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4,
+        num_attention_heads=4, intermediate_size=256, num_labels=10))
+
+
+def hf_gpt2_model() -> nn.Module:
+    """``transformers``' GPT-2 for sequence classification over 64 pixel tokens (17 levels);
+    its padding token is one no image has, so every row is classified at its last pixel."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    return GPT2ForSequenceClassification(GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=18, num_labels=10,
+        pad_token_id=17, bos_token_id=17, eos_token_id=17))
+
+
+def _pixels(x: torch.Tensor) -> torch.Tensor:
+    return (x.reshape(x.shape[0], 64) * 16).round().long()
+
+
+def _logits_accuracy(outputs: Sequence[Any], labels: Sequence[Any]) -> float:
+    """:func:`accuracy` of a model hub output's ``logits``."""
+    return accuracy([o.logits for o in outputs], labels)
+
+
 class _Trainable(nn.Module):
     """What ``train`` needs: images in, logits out."""
 
@@ -247,6 +276,8 @@ _MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, torch.Ten
     "causal": (Causal, lambda m, x: m(x)),
     "half": (Conv1dNet, lambda m, x: m(x)),
     "labels_out": (LabelsOut, lambda m, x: m.net(x)),
+    "hf_vit": (hf_vit_model, lambda m, x: m(pixel_values=x).logits),
+    "hf_gpt2": (hf_gpt2_model, lambda m, x: m(input_ids=_pixels(x)).logits),
 }
 
 
@@ -320,3 +351,14 @@ def labels_out() -> dict[str, Any]:
     """No accuracy function: pgc compares the ids (exactly) and the probabilities."""
     spec = _spec("labels_out", 8, lambda x: (x,))
     return {"model": spec["model"], "example_inputs": spec["example_inputs"]}
+
+
+def hf_vit() -> dict[str, Any]:
+    """Served one image at a time, called with its keyword (``pixel_values=``)."""
+    spec = _spec("hf_vit", 1, lambda x: {"pixel_values": x})
+    return {**spec, "accuracy": _logits_accuracy}
+
+
+def hf_gpt2() -> dict[str, Any]:
+    spec = _spec("hf_gpt2", 1, lambda x: {"input_ids": _pixels(x)})
+    return {**spec, "accuracy": _logits_accuracy}

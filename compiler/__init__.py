@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from compiler._conv_gemm import has_eligible_convs
     from compiler._quant import refused
     from compiler._as_built import as_built
-    from compiler._ort import untraceable_inputs
+    from compiler._ort import untraceable
     from compiler._twin_weights import SharedWeights, share_weights
 
 _LAZY: dict[str, str] = {
@@ -85,7 +85,7 @@ _LAZY: dict[str, str] = {
     "has_eligible_convs": "compiler._conv_gemm",
     "refused": "compiler._quant",
     "as_built": "compiler._as_built",
-    "untraceable_inputs": "compiler._ort",
+    "untraceable": "compiler._ort",
     "SharedWeights": "compiler._twin_weights",
     "share_weights": "compiler._twin_weights",
 }

@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 
 from compiler import (Backend, CompileCache, Example, Recipe, SensitivityReport, probe,
-                      sensitivity, untraceable_inputs)
+                      sensitivity, untraceable)
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.baselines import baselines_for
@@ -181,8 +181,9 @@ TRACED = ("onnxruntime", "openvino")
 
 def taking_inputs(backends: tuple[str, ...], base: nn.Module,
                   example: Example | None) -> tuple[str, ...]:
-    """``backends`` less those that cannot take ``example``'s inputs (said in the log)."""
-    why = untraceable_inputs(base, example) if example is not None else None
+    """``backends`` less those that cannot trace the model on ``example`` (its inputs, its
+    outputs: :func:`compiler.untraceable`; said in the log)."""
+    why = untraceable(base, example) if example is not None else None
     if why is None:
         return backends
     out = tuple(b for b in backends if Backend.parse(b).kind not in TRACED)
