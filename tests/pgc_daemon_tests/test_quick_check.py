@@ -13,7 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from pgc_daemon.optimizer.search.evaluate import QUICK_MAX, QUICK_START, Evaluator, QuickStep, quick_verdict
+from pgc_daemon.optimizer.search.evaluate import (
+    QUICK_MAX,
+    QUICK_START,
+    Evaluator,
+    QuickStep,
+    for_budget,
+    quick_verdict,
+)
+from pgc_daemon.policy import Policy
 
 CLASSES = 4
 
@@ -87,3 +95,29 @@ def test_the_verdict_is_decided_by_the_first_conclusive_step() -> None:
     assert quick_verdict([straddle, over], 0.1) == (True, over)
     assert quick_verdict([straddle, under], 0.1) == (False, under)
     assert quick_verdict([straddle], 0.1) == (False, straddle)  # undecided: the full check judges
+
+
+def test_the_full_check_holds_enough_rows_for_one_changed_row_to_fit_the_budget() -> None:
+    """Top-1 agreement over 64 rows moves in steps of 0.0156: under a budget of 0.01 a variant
+    that changed one row was as infeasible as one that changed ten. The check takes as many
+    of the inputs (the reservoir holds 128) as make one changed row fit."""
+    inputs = [((torch.tensor([i % CLASSES, i]),), {}) for i in range(128)]
+    one_wrong = _Classifier(frozenset({5}))
+    ev = for_budget(_Classifier(), inputs, 0.01, first=64, metric="top1")
+    assert len(ev.inputs) == 101
+    drop = ev.score(one_wrong).drop
+    assert drop == pytest.approx(1 / 101)
+    assert Policy().violations(drop, None)["accuracy_drop"] <= 0  # feasible at 0.01
+    over_64 = Evaluator(_Classifier(), inputs[:64], metric="top1").score(one_wrong).drop
+    assert Policy().violations(over_64, None)["accuracy_drop"] > 0  # as it was
+    # a budget one row of 64 fits, a continuous metric, a spec's own function: the first 64
+    assert len(for_budget(_Classifier(), inputs, 0.02, first=64, metric="top1").inputs) == 64
+    assert len(for_budget(_Classifier(), inputs, 0.01, first=64, metric="sqnr").inputs) == 64
+    labels = [i % CLASSES for i in range(128)]
+    assert len(for_budget(_Classifier(), inputs, 0.01, first=64, accuracy=_agreement,
+                          labels=labels).inputs) == 64
+    # a budget finer than the inputs can resolve takes all of them; batches count each row
+    assert len(for_budget(_Classifier(), inputs, 0.005, first=64, metric="top1").inputs) == 128
+    batched = [((torch.rand(4, CLASSES),), {}) for _ in range(128)]
+    assert len(for_budget(nn.Identity(), batched, 0.01, first=64, metric="top1").inputs) == 64
+    assert len(for_budget(nn.Identity(), batched, 0.002, first=64, metric="top1").inputs) == 126

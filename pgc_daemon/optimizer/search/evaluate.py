@@ -11,10 +11,16 @@ the budget. A candidate is pruned only when the drop's one-sided lower bound is 
 budget; the full check on every input stays the judge of the rest. A fixed threshold on 8
 inputs pruned a rank-correlation metric's candidates on noise, and let clearly infeasible
 candidates of a tight budget through to be timed.
+
+The full check's inputs are sized to the budget where the metric counts rows
+(:func:`for_budget`): top-1 agreement over 64 rows moves in steps of 0.0156, so under a
+budget of 0.01 a variant that changed one row of them was as infeasible as one that changed
+ten. It takes as many inputs as make one changed row fit the budget, up to every input given.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from compiler import Example, choose_metric, fidelity
+from compiler import Example, choose_metric, fidelity, judgments
 
 
 @dataclass(frozen=True)
@@ -131,3 +137,29 @@ class Evaluator:
         n = len(self.inputs) if n is None else min(n, len(self.inputs))
         value, drop = self._measure(self._outputs(module, n), range(n))
         return Score(value, drop, n)
+
+
+def for_budget(
+    base: nn.Module,
+    inputs: Sequence[Example],
+    budget: float,
+    *,
+    first: int,
+    metric: str | None = None,
+    accuracy: Callable[[Sequence[Any], Sequence[Any]], float] | None = None,
+    labels: Sequence[Any] | None = None,
+) -> Evaluator:
+    """An :class:`Evaluator` over the ``first`` inputs, or over more where its metric counts
+    rows (:func:`compiler.judgments`) and one row changed of them would break ``budget``: as
+    many inputs as hold more than ``1 / budget`` rows, up to every one of ``inputs``."""
+    n = min(len(inputs), first)
+    evaluator = Evaluator(base, list(inputs[:n]), metric=metric, accuracy=accuracy,
+                          labels=list(labels[:n]) if labels is not None else None)
+    rows = judgments(evaluator.metric, evaluator.references)
+    if not rows or rows * budget > 1 or len(inputs) <= n or budget <= 0:
+        return evaluator
+    # one row changed of ``need`` is a drop under the budget (not equal: 1 - 99/100 > 0.01)
+    need = math.floor(1 / budget) + 1
+    wanted = min(len(inputs), math.ceil(n * need / rows))
+    return Evaluator(base, list(inputs[:wanted]), metric=evaluator.metric, accuracy=accuracy,
+                     labels=list(labels[:wanted]) if labels is not None else None)

@@ -14,7 +14,7 @@ from compiler import (Backend, CompileCache, Example, Recipe, SensitivityReport,
 from pgc_daemon.errors import SearchError
 from pgc_daemon.policy import Policy
 from pgc_daemon.optimizer.search.baselines import baselines_for
-from pgc_daemon.optimizer.search.evaluate import Evaluator
+from pgc_daemon.optimizer.search.evaluate import for_budget
 from pgc_daemon.optimizer.search.hotprofile import time_candidates
 from pgc_daemon.optimizer.search.offers import backends_for, choices_for, on_gpu
 from pgc_daemon.optimizer.search.space import PEER_BASELINES, SAFE, Space, build_space
@@ -115,14 +115,8 @@ def make_search(
     alone and nothing is enqueued; the caller evaluates :func:`first_trials` with
     :meth:`Search.run_first`, measures sensitivity, then gives the search its final space with
     :func:`settle`."""
-    n = min(len(inputs), ACCURACY_INPUTS)
-    evaluator = Evaluator(
-        base,
-        list(inputs[:n]),
-        metric=metric,
-        accuracy=accuracy,
-        labels=list(labels[:n]) if labels is not None else None,
-    )
+    evaluator = for_budget(base, inputs, policy.max_accuracy_drop, first=ACCURACY_INPUTS,
+                           metric=metric, accuracy=accuracy, labels=labels)
     space = space or shape_space(
         base, profile, policy, sensitivity=None if early else sensitivity, histogram=histogram,
         example=inputs[0] if inputs else None,
