@@ -2,4 +2,5 @@
 
 from pgc_daemon.cli import main
 
-main()
+if __name__ == "__main__":  # not again in a ``spawn`` child (``pgc optimize``'s search)
+    main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from pgc_daemon.cli._base import UsageError, add_backends_option, backends_from
@@ -42,14 +43,15 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from pgc_daemon.cli._supervise import optimize_supervised
     from pgc_daemon.errors import PolicyError
     from pgc_daemon.policy import Policy
-    from pgc_daemon.optimizer.search.inflight import interrupt_on_sigterm
-    from pgc_daemon.optimizer.search.offline import optimize
 
     if args.trials < 1:
         raise UsageError("--trials must be at least 1")
-    interrupt_on_sigterm()  # a study in --storage withdraws the trial in flight, not blames it
+    # SIGTERM stops the search's process in order (its trial in flight is withdrawn, not
+    # blamed), then this one
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         policy = Policy.parse(
             {
@@ -76,11 +78,11 @@ def run(args: argparse.Namespace) -> int:
             if not console.is_terminal:
                 console.print(f"trial {done}/{budget}{rec.origin_note}: {rec.label}: {rec.message}")
 
-        out = optimize(
+        out, crashes = optimize_supervised(
             args.spec, policy, storage=args.storage, seed=args.seed, on_trial=on_trial,
-            with_sensitivity=not args.no_sensitivity,
+            with_sensitivity=not args.no_sensitivity, on_crash=console.print,
         )
-    data = out.to_dict()
+    data = {**out.to_dict(), "crashes": crashes}
     table = Table(title=f"{args.spec}: latency-accuracy front ({data['metric']})")
     for col in ("variant", "speedup", "latency ms", "drop", "feasible"):
         table.add_column(col, justify="left" if col == "variant" else "right")

@@ -114,6 +114,59 @@ def test_optimize_reports_what_each_trial_cost(tmp_path: Path) -> None:
     assert "median" in out.stderr and "a trial" in out.stderr
 
 
+CRASHES_ONCE = """
+import ctypes, os
+from pathlib import Path
+import torch
+from torch import nn
+
+MARK = Path(__file__).with_name("crashed")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        # the first export of the model ends its process natively, as a heap corruption
+        # inside a compiler does
+        if torch.compiler.is_exporting() and not MARK.exists():
+            MARK.write_text(str(os.getpid()))
+            ctypes.string_at(0)
+        return self.b(torch.relu(self.a(x)))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net().eval(), [torch.randn(2, 16) for _ in range(16)]
+"""
+
+
+@pytest.mark.slow
+def test_optimize_outlives_a_native_crash_in_a_build(tmp_path: Path) -> None:
+    """``pgc optimize`` built in its own process, so a segfault inside a build ended the
+    command with nothing printed. The search now runs in a child: the crash costs that
+    trial, recorded failed, and the command resumes the study and answers."""
+    import json
+    import os
+
+    from pgc_daemon.optimizer.search.inflight import ENDED
+
+    (tmp_path / "crashes_once.py").write_text(CRASHES_ONCE)
+    out = pgc("optimize", "crashes_once:build", "--trials", "3", "--no-sensitivity",
+              "--max-drop", "0.05", "--json", cwd=tmp_path, timeout=600)
+    assert out.returncode in (0, 3), out.stderr[-2000:]
+    crashed_pid = int((tmp_path / "crashed").read_text())
+    assert crashed_pid != os.getpid()
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["crashes"] == 1 and data["trials"] == 3
+    assert [f["message"] for f in data["failed"]] == [ENDED]
+    assert "ended (SIGSEGV) during a build; resuming the study" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list(tmp_path.glob("*.db"))  # the study lived in a private temporary folder
+
+
 def test_the_demos_layer_tables_keep_one_line_a_layer(capsys: pytest.CaptureFixture[str]) -> None:
     """A compiled variant's rows name long kernels and the layers they fuse: in an 80-column
     terminal each row stays one line, and the end of the layer's path (what tells
