@@ -14,7 +14,6 @@ artifact; :func:`load_onnx` makes a session from it again, nothing exported or q
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import io
 import os
@@ -33,6 +32,7 @@ from compiler._outputs import flat_forward, loads_spec
 from compiler._registry import BuildContext, Example
 from compiler._trace_check import check_trace
 from compiler._tracing import plain_transformer_layers
+from compiler.fidelity import output_leaves
 from compiler.recipe import DEFAULT_KEY, LayerQuant, Quantization
 
 _QUANT_OPS = ("MatMul", "Gemm", "Conv")
@@ -63,23 +63,10 @@ def untraceable(module: nn.Module, example: Example) -> str | None:
             out = module(*example[0], **example[1])
     except Exception:  # noqa: BLE001 - not the tracers' concern: every build will say why
         return None
-    other = _non_tensor(out)
-    return None if other is None else f"the output holds a value of type {other}, not only tensors"
-
-
-def _non_tensor(output: Any) -> str | None:
-    """The type name of the first leaf of ``output`` that is not a tensor (dataclasses opened
-    field by field, registered with torch's pytree or not), or None."""
-    for leaf in tree_flatten(output)[0]:
-        if torch.is_tensor(leaf):
-            continue
-        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
-            inner = _non_tensor([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
-            if inner is None:
-                continue
-            return inner
-        return type(leaf).__name__
-    return None
+    other = next((leaf for leaf in output_leaves(out) if not torch.is_tensor(leaf)), None)
+    if other is None:
+        return None
+    return f"the output holds a value of type {type(other).__name__}, not only tensors"
 
 
 def _flat_inputs(

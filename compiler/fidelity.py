@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,15 +28,19 @@ from torch.utils._pytree import tree_leaves
 METRICS = ("cosine", "top1", "sqnr")
 
 
+def output_leaves(output: Any) -> Iterator[Any]:
+    """Every leaf of a model output, in order: torch's pytree leaves, with dataclasses that
+    are not registered with it opened field by field."""
+    for leaf in tree_leaves(output):
+        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            yield from output_leaves([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+        else:
+            yield leaf
+
+
 def tensor_leaves(output: Any) -> list[torch.Tensor]:
     """Every tensor of a model output, in order (dataclasses opened field by field)."""
-    out: list[torch.Tensor] = []
-    for leaf in tree_leaves(output):
-        if torch.is_tensor(leaf):
-            out.append(leaf.detach())
-        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
-            out.extend(tensor_leaves([getattr(leaf, f.name) for f in dataclasses.fields(leaf)]))
-    return out
+    return [leaf.detach() for leaf in output_leaves(output) if torch.is_tensor(leaf)]
 
 
 def float_leaves(output: Any) -> list[torch.Tensor]:

@@ -96,6 +96,15 @@ class Evaluator:
             else None
         )
 
+    def extend(self, base: nn.Module, more: Sequence[Example]) -> None:
+        """Judge on ``more`` inputs too (their fp32 references computed here). Only for the
+        built-in metrics: a spec's accuracy function comes with labels for its inputs."""
+        if self.accuracy is not None:
+            raise ValueError("an accuracy function's inputs come with their labels")
+        start = len(self.inputs)
+        self.inputs += list(more)
+        self.references += self._outputs(base, len(self.inputs), start=start)
+
     def _outputs(self, module: nn.Module, n: int, start: int = 0) -> list[Any]:
         with torch.inference_mode():
             return [module(*a, **k) for a, k in self.inputs[start:n]]
@@ -160,6 +169,5 @@ def for_budget(
         return evaluator
     # one row changed of ``need`` is a drop under the budget (not equal: 1 - 99/100 > 0.01)
     need = math.floor(1 / budget) + 1
-    wanted = min(len(inputs), math.ceil(n * need / rows))
-    return Evaluator(base, list(inputs[:wanted]), metric=evaluator.metric, accuracy=accuracy,
-                     labels=list(labels[:wanted]) if labels is not None else None)
+    evaluator.extend(base, inputs[n:math.ceil(n * need / rows)])
+    return evaluator
