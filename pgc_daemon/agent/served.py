@@ -1,15 +1,14 @@
 """The request path: what ``served(...)`` does in the user's threads.
 
-- one read of one reference (``self._slot``) picks the module for the whole call: a swap
-  never changes a call half way, and in-flight calls finish on the module they started with;
+- one read of one reference (``self._slot``) picks the module for the whole call: a swap never
+  changes a call half way, and in-flight calls finish on the module they started with;
 - nothing of pgc raises into the caller: profiling, reservoir and shadow capture swallow their
-  own errors; a pgc *variant* that raises is blamed only if the base module (the user's own)
-  then serves the call (a *fallback*: the swapper reverts the variant or fails its canary).
-  If the base raises too, the input was bad: the caller gets the base's exception unchanged
-  (a *caller error*, as from the user's own module), and the variant keeps serving;
+  own errors; a pgc *variant* that raises is blamed only if the base (the user's module) then
+  serves the call (a *fallback*: the swapper reverts the variant or fails its canary). If the
+  base raises too, the caller gets its exception unchanged (a *caller error*: bad input);
 - the profiler's steps are inline (an unsampled call runs none of its Python: see
-  ``profiler._profiler``), and so is nothing else slow. With an ``Executor``, ``_serve`` runs
-  on the model's inference thread, at the count ``ThreadTuner`` chose.
+  ``profiler._profiler``), and nothing else slow is. With an ``Executor``, calls run on the
+  inference thread at the count ``ThreadTuner`` chose (a probe at another: not per layer).
 """
 
 from __future__ import annotations
@@ -82,8 +81,9 @@ class ServedModel(Lifecycle):
         use = (self.tuner.use(slot.variant_id, canary=self._slot.canary, own_pool=slot.own_pool)
                if self.executor is not None else None)  # inline calls: nothing tuned
         prof, calls = self.profiler, self._calls
-        mark = next(calls.marks)
-        token = prof.sample(slot.module) if mark and slot.per_layer else None
+        mark = next(calls.marks)  # per layer: rows describe the variant as it serves
+        token = prof.sample(slot.module) if mark and slot.per_layer and (
+            use is None or use.decided) else None
         module = slot.module if token is None else slot.twin or token.module  # see twins
         fallback, t0 = False, _perf_ns()
         try:

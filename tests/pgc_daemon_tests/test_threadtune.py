@@ -25,6 +25,7 @@ from pgc_daemon.agent.threadtune import (
     candidates,
 )
 from pgc_daemon.settings import Settings
+from profiler import ProfilerConfig
 
 from .helpers import wait_for
 
@@ -320,6 +321,49 @@ def test_a_served_model_serves_at_the_count_measured_fastest_and_says_so(
         assert events[0].data["threads"] == 1
     finally:
         served.close()
+
+
+class _SeesItsSamples(_SlowerWithThreads):
+    """Notes for each call its thread count and whether the profiler's hook twin ran it (a call
+    sampled per layer: the twin is a shallow copy, another object holding the same list)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.home = id(self)
+        self.seen: list[tuple[bool, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append((id(self) != self.home, torch.get_num_threads()))
+        return super().forward(x)
+
+
+def test_a_call_probed_at_another_count_is_not_profiled_per_layer(settings: Settings) -> None:
+    """Seen in demo run 39: a twin's first two sampled calls ran while the tuner probed two
+    threads under load (10.3 ms live there, 6.2 ms at the chosen one), and the variant's rows
+    read 1.31x its live latency. Rows describe the variant at the count it serves at."""
+    torch.set_num_threads(2)
+    model = _SeesItsSamples()
+    served = attach(model, name="probed-rows", settings=settings, executor=True,
+                    profiler=ProfilerConfig(sample_every=2, budget=None))
+    try:
+        wait_for(lambda: served.model_id is not None, what="registration")
+        base = served.slot.variant_id
+        x = torch.zeros(3)
+        for _ in range(400):
+            served(x)
+            if served.tuner.chosen(base) is not None:
+                break
+        probing = list(model.seen)
+        for _ in range(40):
+            served(x)
+        after = model.seen[len(probing):]
+    finally:
+        served.close()
+    assert served.tuner.chosen(base) == 1
+    assert {n for _, n in probing} == {1, 2}  # both counts were served while probing
+    assert [n for twin, n in probing if twin] == []
+    assert [n for twin, n in after if twin]  # sampled again once decided, at its count
+    assert {n for twin, n in after if twin} == {1}
 
 
 def test_settings_can_turn_thread_tuning_off(settings: Settings) -> None:
