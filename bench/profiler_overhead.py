@@ -55,8 +55,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+# kineto's "profiler_start/stop" lines on every torch.profiler block (a user's setting stands)
+os.environ.setdefault("KINETO_LOG_LEVEL", "10")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
