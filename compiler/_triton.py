@@ -56,7 +56,10 @@ def _prune(configs: list[Any], named_args: dict[str, Any], **_: Any) -> list[Any
     16); under the interpreter only :data:`_INTERPRETED` (one config: nothing is timed)."""
     if _interpreting():
         return [c for c in configs if _shape(c) == _INTERPRETED] or configs[:1]
-    cap = max(16, 2 * triton.next_power_of_2(int(named_args["M_BUCKET"])))
+    rows = named_args["M_BUCKET"]
+    if not isinstance(rows, int):  # symbolic (a traced dynamic batch): an int() would pin it
+        return configs
+    cap = max(16, 2 * triton.next_power_of_2(rows))
     return [c for c in configs if c.kwargs["BLOCK_M"] <= cap] or configs[:1]
 
 

@@ -111,6 +111,41 @@ def test_the_kernel_is_an_operator_that_compiled_graphs_keep() -> None:
     assert pruned == [list(_INTERPRETED)]
 
 
+def test_a_model_with_a_dynamic_batch_exports_with_the_kernel_and_keeps_it_dynamic() -> None:
+    """Export runs the autotuner's pruning on the operator's arguments while it traces. The
+    pruning read the row count with ``int()``, which pinned a dynamic batch to the example's
+    (a constraint violation: no build of a recipe with a dynamic axis could take the kernel).
+    A symbolic row count keeps every candidate; a real launch still prunes by its rows."""
+    code = textwrap.dedent(
+        """
+        import json
+        import torch
+        from compiler import _triton
+        from compiler._triton import TritonInt8Linear
+        m = TritonInt8Linear(torch.nn.Linear(64, 50), act="gelu")
+        b = torch.export.Dim("b", min=1, max=1024)
+        ep = torch.export.export(m, (torch.randn(3, 7, 64),), dynamic_shapes=({0: b},))
+        calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+        configs = _triton._int8_weight_only_linear.configs
+        print(json.dumps({"ops": [str(n.target) for n in calls],
+                          "shape": [str(d) for d in calls[0].meta["val"].shape],
+                          "ranges": [[int(r.lower), int(r.upper)]
+                                     for r in ep.range_constraints.values()],
+                          "one_row": len(_triton._prune(configs, {"M_BUCKET": 1})),
+                          "configs": len(configs)}))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items()
+                                            if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ops"] == ["pgc.int8_weight_only_linear.default"]
+    assert got["shape"][1:] == ["7", "50"] and not got["shape"][0].isdigit()  # symbolic
+    assert got["ranges"] == [[1, 1024]]
+    assert 1 <= got["one_row"] < got["configs"]  # real launches are still pruned
+
+
 def test_kernel_rejects_what_it_cannot_run() -> None:
     code = textwrap.dedent(
         """
