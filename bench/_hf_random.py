@@ -6,7 +6,8 @@ ViT's accuracy column says little.
 
 MODEL_SPECs: ``bench._hf_random:distilbert`` (4 layers, dim 512, 128 tokens, batch 1),
 ``bench._hf_random:vit`` (ViT-S shape: 6 layers, dim 384, 224x224 images, batch 1),
-``bench._hf_random:gpt2`` (4 layers, dim 512, 64 tokens, no key-value cache, batch 1).
+``bench._hf_random:gpt2`` (4 layers, dim 512, 64 tokens, no key-value cache, batch 1),
+``bench._hf_random:resnet`` (ResNet-18 shape: basic blocks, 224x224 images, batch 1).
 
     pgc optimize bench._hf_random:distilbert --max-drop 0.01 --json
 """
@@ -51,3 +52,14 @@ def gpt2() -> dict[str, Any]:
                                        bos_token_id=0, eos_token_id=0)).eval()
     ids = [torch.randint(0, 8000, (1, 64)) for _ in range(INPUTS)]
     return {"model": model, "example_inputs": [{"input_ids": x} for x in ids]}
+
+
+def resnet() -> dict[str, Any]:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(
+        embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+        layer_type="basic", num_labels=100)).eval()
+    images = [torch.randn(1, 3, 224, 224) for _ in range(INPUTS)]
+    return {"model": model, "example_inputs": [{"pixel_values": x} for x in images]}
