@@ -17,6 +17,7 @@ from compiler._errors import (
     CompilerError,
     RecipeError,
     UnsafeFolderError,
+    brief_error,
 )
 from compiler.private import private_dir
 
@@ -95,7 +96,7 @@ _RENAMED = {"openvino_backends": "search_backends"}
 __all__ = sorted(
     [
         *_LAZY, "ArtifactUnavailable", "BuildError", "CompilerError", "RecipeError",
-        "UnsafeFolderError", "private_dir",
+        "UnsafeFolderError", "brief_error", "private_dir",
     ]
 )
 

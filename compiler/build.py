@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from compiler import _backend, _buckets, _dynamic, _fusion, _kernels, _layout, _quant  # noqa: F401
-from compiler._errors import ArtifactUnavailable, BuildError, CompilerError
+from compiler._errors import ArtifactUnavailable, BuildError, CompilerError, brief_error
 from compiler._registry import BuildContext, BuildReport, Example, analysis_for, transform_for
 from compiler._kernel_map import kernel_events, with_kernel_events
 from compiler._outputs import register_dataclasses
@@ -143,7 +143,7 @@ def build(
     except CompilerError:
         raise
     except Exception as exc:  # a library failed on this model: say which recipe, keep cause
-        raise BuildError(f"building {recipe.label()} failed: {type(exc).__name__}: {exc}") from exc
+        raise BuildError(f"building {recipe.label()} failed: {brief_error(exc)}") from exc
     finally:
         made = ctx.state.get("artifact") or {}
         if made.get("folder") is not None:  # the packages' temporary folder

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from compiler import _pt2e
+from compiler._errors import brief_error
 from compiler._quant import INT8_MODULES, STATIC_MODULES
 from compiler._registry import Example
 from compiler.build import build
@@ -239,7 +240,7 @@ def sensitivity(
             except Exception as exc:  # noqa: BLE001 - this layer cannot take it: say why
                 report.rows.append(LayerSensitivity(
                     name, choice.label(), None, None, None, None, None,
-                    f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                    f"failed: {brief_error(exc)}",
                 ))
                 continue
             c = compare(ref_flat, _merged(outs))

@@ -80,3 +80,27 @@ def test_a_variant_that_cannot_run_fails_warm_up_with_build_error(mlp_spec: dict
     built = build(mlp_spec["model"], Recipe())
     with pytest.raises(BuildError):
         warm(built, [((torch.zeros(2, 3),), {})])  # wrong input shape for the model
+
+
+class _Loud(torch.nn.Module):
+    """Fails the way Inductor's lowering errors do: a line that names the failure, one that
+    says where, then hundreds of lines of IR."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("Pointwise\n  target: the op it could not lower\n"
+                                  + "  args[0]: TensorBox(StorageBox(\n" * 200)
+
+
+def test_a_failed_build_says_why_in_one_line_and_keeps_the_cause() -> None:
+    """Seen on an int8 ResNet: a trial's reason (in the CLI's progress, the store, the API and
+    the dashboard) was 189 lines of Inductor IR."""
+    with pytest.raises(BuildError) as info:
+        build(_Loud(), Recipe(backend=Backend("inductor")), example=((torch.randn(2, 4),), {}))
+    said = str(info.value)
+    assert "\n" not in said and len(said) < 400, said
+    assert said.startswith("building fp32 · inductor failed: ") and "the op it could not" in said
+    assert "args[0]" in str(info.value.__cause__)  # the whole story, for the debug log

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from compiler import (
     Example,
     Recipe,
     at_threads,
+    brief_error,
     build,
     recompile_limit_hits,
     silence_recompile_limit,
@@ -30,6 +32,8 @@ from pgc_daemon.optimizer.search.evaluate import Evaluator, quick_verdict
 from pgc_daemon.optimizer.search.measure import interleaved
 from pgc_daemon.optimizer.search.results import TrialRecord, feasible
 from pgc_daemon.policy import Policy
+
+log = logging.getLogger("pgc.search")
 
 
 
@@ -252,8 +256,10 @@ def evaluate_trial(
         )
     except BuildError as exc:
         rec.message = str(exc)
+        log.debug("trial %s: %s", rec.label, exc, exc_info=True)  # the cause in full
     except Exception as exc:  # noqa: BLE001 - a broken candidate is a failed trial
-        rec.message = f"{type(exc).__name__}: {exc}"
+        rec.message = brief_error(exc)
+        log.debug("trial %s failed", rec.label, exc_info=True)
     finally:
         rec.duration_s = time.monotonic() - t0
         del variant
