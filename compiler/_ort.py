@@ -14,12 +14,13 @@ artifact; :func:`load_onnx` makes a session from it again, nothing exported or q
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -95,7 +96,8 @@ def export_onnx(module: nn.Module, example: Example) -> tuple[bytes, list[str], 
     axes = {n: {d: f"{n}_{d}" for d in range(t.dim())} for n, t in zip(names, tensors)}
     axes.update({o: {d: f"{o}_{d}" for d in range(t.dim())} for o, t in zip(outputs, leaves)})
     buf = io.BytesIO()
-    with plain_transformer_layers(), flat_forward(module, out), warnings.catch_warnings():
+    with plain_transformer_layers(), named_inputs(module, names), flat_forward(module, out), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module, tuple(tensors), buf,  # type: ignore[arg-type]
@@ -103,6 +105,31 @@ def export_onnx(module: nn.Module, example: Example) -> tuple[bytes, list[str], 
             dynamic_axes=axes, opset_version=17, do_constant_folding=True,
         )
     return buf.getvalue(), names, spec
+
+
+@contextlib.contextmanager
+def named_inputs(module: nn.Module, names: list[str]) -> Iterator[None]:
+    """While in the block, ``module``'s forward takes exactly the tensors ``names`` says, in
+    that order, and passes them on by name. The exporter binds its inputs to the forward's
+    signature and appends every later parameter's default: a GPT-2 export took its
+    ``logits_to_keep=0`` as a second graph input that no call feeds, and a tensor given by
+    keyword after a skipped parameter would have been bound to that one. The same module is
+    traced, so its layers keep their names."""
+    forward, own = module.forward, module.__dict__.get("forward")
+
+    def named(*tensors: torch.Tensor) -> Any:
+        return forward(**dict(zip(names, tensors)))
+
+    named.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    module.forward = named  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own  # type: ignore[method-assign]
 
 
 def onnx_module_name(node_name: str) -> str:
