@@ -23,11 +23,12 @@ own ``forward``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +148,8 @@ def assign(kernels: list[tuple[str, list[str]]], layers_of: dict[str, tuple[str,
     unnamed = [n for n, layers in layers_of.items()
                if layers and n not in named and any(x not in covered for x in layers)]
     fed: dict[str, int] = {}  # node -> the first anchored kernel it feeds
-    for k, a in at.items():
-        for n in _feeding(graph, kernels[k][1]):
+    for k, a in at.items():  # in anchor order; what an earlier one reached, it keeps
+        for n in _feeding(graph, kernels[k][1], fed):
             if n not in fed and pos.get(n, a + 1) <= a:
                 fed[n] = k
     owner: dict[str, int] = {}
@@ -161,15 +162,16 @@ def assign(kernels: list[tuple[str, list[str]]], layers_of: dict[str, tuple[str,
                 and stem is not None and _op_name(graph[n][0]).startswith(stem)]
         for n in ([n for n in like if n not in fed] or like)[-1:]:
             owner[n] = k
-    last = max(floating[-1:] + list(at)[-1:], default=None)
+    placed = sorted((a, k) for k, a in at.items())
+    last = max(floating[-1:] + list(at)[-1:]) if at else None  # no anchor: nothing to follow
     for n in unnamed:
-        after = [k for k, a in at.items() if a >= pos[n]]
         if n in owner:
             continue
+        i = bisect.bisect_left(placed, (pos[n], -1))
         if n in fed:
             owner[n] = fed[n]
-        elif after:
-            owner[n] = after[0]
+        elif i < len(placed):
+            owner[n] = placed[i][1]
         elif last is not None:  # past the last anchor: the last kernel computed it
             owner[n] = last
     extra: dict[int, list[str]] = {}
@@ -186,8 +188,6 @@ def _rising(anchors: list[int | None]) -> set[int]:
     """Indices of the longest strictly rising run of anchors (None: no anchor), O(n log n).
     A kernel with the anchor of the kernel called just before it (one computation Inductor
     split in two) goes with that kernel, in the run or out of it."""
-    import bisect
-
     tails: list[int] = []  # anchor value ending the best run of each length
     tail_at: list[int] = []  # ... and its index
     back: dict[int, int] = {}
@@ -218,9 +218,11 @@ def _graph_of(program: Any) -> dict[str, tuple[str, list[str]]]:
             for n in program.graph.nodes}
 
 
-def _feeding(graph: dict[str, tuple[str, list[str]]], nodes: list[str]) -> set[str]:
+def _feeding(graph: dict[str, tuple[str, list[str]]], nodes: list[str],
+             known: Container[str] = ()) -> set[str]:
     """``nodes`` and what feeds them, back to pt2e's quantize and dequantize ops (the edges of
-    one int8 kernel's computation)."""
+    one int8 kernel's computation); not through ``known`` nodes (an earlier search went on
+    from them)."""
     seen: set[str] = set()
     todo = list(nodes)
     while todo:
@@ -229,7 +231,7 @@ def _feeding(graph: dict[str, tuple[str, list[str]]], nodes: list[str]) -> set[s
             continue
         seen.add(n)
         op, inputs = graph[n]
-        if "quantized_decomposed" not in op or n in nodes:
+        if ("quantized_decomposed" not in op or n in nodes) and n not in known:
             todo.extend(inputs)
     return seen
 

@@ -122,3 +122,10 @@ def test_kernels_off_the_graphs_order_take_what_their_library_call_is_named_afte
                    "cpp_fused_quantize_per_tensor_0": [["(root)"]],
                    "aoti_torch_cpu__qconv2d_pointwise_binary_tensor": [["block.conv", "block"]],
                    "aoti_torch_cpu__qlinear_pointwise_tensor": [["fc", "flat"]]}
+
+
+def test_kernels_named_after_no_node_at_all_are_not_given_every_layer() -> None:
+    layers_of = {"a": ("x",), "b": ("y",)}
+    graph = {"a": ("aten.relu.default", []), "b": ("aten.sigmoid.default", ["a"])}
+    got = assign([("cpp_fused_relu_0", []), ("cpp_fused_sigmoid_1", [])], layers_of, graph)
+    assert got == {"cpp_fused_relu_0": [[ROOT]], "cpp_fused_sigmoid_1": [[ROOT]]}
