@@ -8,7 +8,7 @@
   base raises too, the caller gets its exception unchanged (a *caller error*: bad input);
 - the profiler's steps are inline (an unsampled call runs none of its Python: see
   ``profiler._profiler``), and nothing else slow is. With an ``Executor``, calls run on the
-  inference thread at the count ``ThreadTuner`` chose (a probe at another: not per layer).
+  inference thread at the count ``ThreadTuner`` chose (a probe at a new one: not per layer).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class ServedModel(Lifecycle):
         prof, calls = self.profiler, self._calls
         mark = next(calls.marks)  # per layer: rows describe the variant as it serves
         token = prof.sample(slot.module) if mark and slot.per_layer and (
-            use is None or use.decided) else None
+            use is None or use.incumbent) else None
         module = slot.module if token is None else slot.twin or token.module  # see twins
         fallback, t0 = False, _perf_ns()
         try:

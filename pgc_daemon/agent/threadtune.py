@@ -123,6 +123,9 @@ class Use:
     decided: bool = True
     """The call runs at the count decided for its variant (or nothing is tuned for it): its
     latency is that of the variant as it serves."""
+    incumbent: bool = True
+    """The call runs at the count its variant serves at unless a probe finds a faster one
+    (``ThreadTuner._incumbent``): the profiler samples it, not a probe at another count."""
 
 
 class ThreadTuner:
@@ -219,7 +222,7 @@ class ThreadTuner:
         probe.calls += 1
         if torch.get_num_threads() != n:
             set_thread_count(n)
-        return Use(variant_id, n, counted, decided=False)
+        return Use(variant_id, n, counted, decided=False, incumbent=n == self._incumbent(probe))
 
     def _moved(self, probe: _Probe) -> float | None:
         """The load now, where it has moved by ``load_shift`` from the decision's (else None)."""
