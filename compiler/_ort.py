@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps
 
 from compiler._errors import BuildError
-from compiler._outputs import flat_forward, loads_spec
+from compiler._outputs import flat_forward, forward_replaced, loads_spec
 from compiler._registry import BuildContext, Example
 from compiler._trace_check import check_trace
 from compiler._tracing import plain_transformer_layers
@@ -115,21 +115,15 @@ def named_inputs(module: nn.Module, names: list[str]) -> Iterator[None]:
     ``logits_to_keep=0`` as a second graph input that no call feeds, and a tensor given by
     keyword after a skipped parameter would have been bound to that one. The same module is
     traced, so its layers keep their names."""
-    forward, own = module.forward, module.__dict__.get("forward")
+    forward = module.forward
 
     def named(*tensors: torch.Tensor) -> Any:
         return forward(**dict(zip(names, tensors)))
 
     named.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
-    module.forward = named  # type: ignore[method-assign]
-    try:
+    with forward_replaced(module, named):
         yield
-    finally:
-        if own is None:
-            del module.forward
-        else:
-            module.forward = own  # type: ignore[method-assign]
 
 
 def onnx_module_name(node_name: str) -> str:

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -89,13 +89,22 @@ def flat_forward(module: nn.Module, output: object) -> Iterator[None]:
     if isinstance(output, torch.Tensor):
         yield
         return
-    forward, own = module.forward, module.__dict__.get("forward")
+    forward = module.forward
 
     @functools.wraps(forward)
     def flat(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
         return tuple(pytree.tree_leaves(forward(*args, **kwargs)))
 
-    module.forward = flat  # type: ignore[method-assign]
+    with forward_replaced(module, flat):
+        yield
+
+
+@contextlib.contextmanager
+def forward_replaced(module: nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """``module.forward`` is ``forward`` in the block (on the instance: the module itself is
+    traced, so its layers keep their names), and what it was after."""
+    own = module.__dict__.get("forward")
+    module.forward = forward  # type: ignore[method-assign]
     try:
         yield
     finally:
