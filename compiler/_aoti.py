@@ -277,7 +277,8 @@ def compile_package(
 
     args, kwargs = example
     accepts = None
-    with torch.no_grad(), context_of(module), quiet(), contextlib.redirect_stderr(io.StringIO()):
+    with _build_folder_lock(), torch.no_grad(), context_of(module), quiet(), \
+            contextlib.redirect_stderr(io.StringIO()):
         module = exportable(module)
         shapes = None if dynamic_dim is None else export_shapes(module, example, dynamic_dim)
         program = torch.export.export(module, tuple(args), dict(kwargs), strict=False,
@@ -296,9 +297,9 @@ def compile_package(
                 if attention.choice == "math":
                     program = _attention.lower(program)
             aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+        _drop_build_outputs(path)
     if note is not None and notes is not None and note not in notes:
         notes.append(note)
-    _drop_build_outputs(path)
     try:
         return kernel_map(program, path), accepts
     except Exception:  # noqa: BLE001 - no attribution, the package serves all the same
@@ -331,6 +332,21 @@ def _compile_both_ways(
         if plain_path.exists():
             _drop_build_outputs(plain_path)
             plain_path.unlink()
+
+
+def _build_folder_lock() -> Any:
+    """Held while a package is compiled in Inductor's cache folder and its outputs dropped:
+    AOTInductor writes a graph's objects into a folder named after the graph, so two
+    processes compiling the same graph with one cache folder (a search and ``pgc profile
+    --recipe``, two services on one model) share it, and the first to drop it took the
+    second's objects away mid-link (its package failed: FileNotFoundError on
+    ``wrapper.o``)."""
+    from filelock import FileLock
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    root.mkdir(parents=True, exist_ok=True)
+    return FileLock(root / "pgc-aoti-build.lock")
 
 
 def _drop_build_outputs(package: Path) -> None:

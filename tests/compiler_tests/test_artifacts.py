@@ -103,6 +103,42 @@ def _run(script: str, *args: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+_RACER = _PRELUDE + """
+from compiler import Backend, CompileCache, Recipe, build
+start = float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.002)
+model = make_model()
+v = build(model, Recipe(backend=Backend("inductor")), example=inputs()[0], cache=CompileCache(sys.argv[1]))
+x = inputs()[0][0][0]
+with torch.inference_mode():
+    err = float((v.module(x) - model(x)).abs().max())
+print(json.dumps({"type": type(v.module).__name__, "artifact": v.artifact, "err": err,
+                  "notes": v.report.notes}))
+"""
+
+
+def test_two_processes_building_one_graph_in_one_kernel_cache_both_get_their_package(
+        tmp_path: Path) -> None:
+    """Two processes sharing an Inductor cache folder (a search and ``pgc profile --recipe``,
+    two services on one model) build the same graph at the same moment: AOTInductor compiles
+    it in one folder named after the graph, and each build drops that folder when packaged.
+    Unserialized, the first drop took the second's objects away mid-link and its package
+    failed (FileNotFoundError on ``wrapper.o``), leaving a variant that compiles where it is
+    loaded. Both get a package, computing what the model does."""
+    env = {**os.environ, SHARED_INDUCTOR_ENV: os.environ.get(SHARED_INDUCTOR_ENV) or str(tmp_path / "kernels")}
+    start = str(time.time() + 5.0)  # both past their imports, then compile together
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path / name), start],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for name in ("one", "two")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["type"] == "AotiModule" and got["artifact"], got["notes"]
+        assert got["err"] < 1e-4
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One worker-like process built the variant into its cache, with the artifacts folder
