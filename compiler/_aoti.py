@@ -35,14 +35,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 import zipfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,8 @@ from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
 from compiler._outputs import loads_spec
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
+
+log = logging.getLogger("pgc.compiler")
 
 Signature = tuple[Any, ...]
 """What a package was compiled for: per input its shape, strides, dtype and device, when the
@@ -277,7 +281,7 @@ def compile_package(
 
     args, kwargs = example
     accepts = None
-    with _build_folder_lock(), torch.no_grad(), context_of(module), quiet(), \
+    with _one_build_per_folder(notes), torch.no_grad(), context_of(module), quiet(), \
             contextlib.redirect_stderr(io.StringIO()):
         module = exportable(module)
         shapes = None if dynamic_dim is None else export_shapes(module, example, dynamic_dim)
@@ -334,19 +338,36 @@ def _compile_both_ways(
             plain_path.unlink()
 
 
-def _build_folder_lock() -> Any:
-    """Held while a package is compiled in Inductor's cache folder and its outputs dropped:
-    AOTInductor writes a graph's objects into a folder named after the graph, so two
-    processes compiling the same graph with one cache folder (a search and ``pgc profile
-    --recipe``, two services on one model) share it, and the first to drop it took the
-    second's objects away mid-link (its package failed: FileNotFoundError on
-    ``wrapper.o``)."""
-    from filelock import FileLock
+@contextlib.contextmanager
+def _one_build_per_folder(notes: list[str] | None) -> Iterator[None]:
+    """Held while a package is compiled in Inductor's cache folder and its outputs dropped
+    (a file lock in that folder). AOTInductor writes a graph's objects into a folder named
+    after the graph, so two processes compiling the same graph with one cache folder (a
+    search and ``pgc profile --recipe``, two services on one model) shared it, and the first
+    to drop it took the second's objects away mid-link (its package failed:
+    FileNotFoundError on ``wrapper.o``). A build that waits says so, in the log and in
+    ``notes``."""
+    from filelock import FileLock, Timeout
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     root = Path(cache_dir())
     root.mkdir(parents=True, exist_ok=True)
-    return FileLock(root / "pgc-aoti-build.lock")
+    lock = FileLock(root / "pgc-aoti-build.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another AOTInductor build in %s to finish", root)
+        started = time.monotonic()
+        lock.acquire()
+        waited = (f"waited {time.monotonic() - started:.1f}s for another build in the kernel "
+                  "cache folder")
+        log.info("%s", waited)
+        if notes is not None:
+            notes.append(waited)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _drop_build_outputs(package: Path) -> None:

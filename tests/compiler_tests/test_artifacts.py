@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,42 @@ def test_two_processes_building_one_graph_in_one_kernel_cache_both_get_their_pac
         got = json.loads(out.strip().splitlines()[-1])
         assert got["type"] == "AotiModule" and got["artifact"], got["notes"]
         assert got["err"] < 1e-4
+
+
+def test_a_build_waits_for_another_in_its_kernel_cache_folder_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """While another build holds the kernel cache folder, a build waits for it (then builds
+    its package as usual), and says so: in the log while it waits, in its report after."""
+    from filelock import FileLock
+
+    from compiler.private import private_dir
+
+    held = FileLock(private_dir(os.environ[SHARED_INDUCTOR_ENV]) / "pgc-aoti-build.lock")
+    held.acquire()
+    built: dict[str, Any] = {}
+
+    def run() -> None:
+        built["v"] = build(make_model(), Recipe(backend=Backend("inductor")), example=inputs()[0],
+                           cache=CompileCache(tmp_path))
+
+    worker = threading.Thread(target=run)
+    try:
+        with caplog.at_level(logging.INFO, logger="pgc.compiler"):
+            worker.start()
+            deadline = time.monotonic() + 120
+            while not any("waiting for another AOTInductor build" in r.getMessage()
+                          for r in caplog.records):
+                assert worker.is_alive() and time.monotonic() < deadline, built
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert worker.is_alive()  # still waiting, half a second on
+    finally:
+        held.release()
+    worker.join(600)
+    v = built["v"]
+    assert isinstance(v.module, AotiModule) and v.artifact is not None, v.report.notes
+    waits = [n for n in v.report.notes if "for another build in the kernel cache folder" in n]
+    assert len(waits) == 1 and float(waits[0].split()[1].rstrip("s")) >= 0.5, v.report.notes
 
 
 @pytest.fixture(scope="module")
