@@ -20,11 +20,33 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # One Inductor kernel cache for every test's work dir (and the workers and daemons tests
 # start, which inherit it): tests build the same small graphs again and again, and a cold
-# cache compiles each kernel's C++ anew. Tests about pgc's own folder unset it.
-if "PGC_INDUCTOR_CACHE_DIR" not in os.environ:
-    _kernels = tempfile.mkdtemp(prefix="pgc-test-inductor-")
+# cache compiles each kernel's C++ anew. Tests about pgc's own folder unset it. Each pytest
+# process has its own: an xdist worker inherits its controller's environment, and pgc builds
+# one AOTInductor package at a time per cache folder (compiler/_aoti.py), so a shared folder
+# would make the two workers take turns at every build. A folder set from outside is kept.
+_THIS_RUN = os.environ.get("PYTEST_XDIST_WORKER", "main")
+if os.environ.get("PGC_TEST_KERNELS_OF", _THIS_RUN) != _THIS_RUN or (
+    "PGC_INDUCTOR_CACHE_DIR" not in os.environ
+):
+    _kernels = tempfile.mkdtemp(prefix=f"pgc-test-inductor-{_THIS_RUN}-")
     os.environ["PGC_INDUCTOR_CACHE_DIR"] = _kernels
+    os.environ["PGC_TEST_KERNELS_OF"] = _THIS_RUN
     atexit.register(shutil.rmtree, _kernels, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_wide_module_hooks_left() -> Iterator[None]:
+    """A test that leaves a process-wide module hook behind (a sampled call begun and never
+    ended) slows every module call after it in that process, and makes Dynamo trace the hook
+    when a later test compiles (under xdist it failed the next file's Inductor build)."""
+    yield
+    from torch.nn.modules import module
+
+    left = [*module._global_forward_pre_hooks.values(), *module._global_forward_hooks.values()]
+    if left:
+        module._global_forward_pre_hooks.clear()
+        module._global_forward_hooks.clear()
+        pytest.fail(f"process-wide module hooks left behind: {left}")
 
 
 @pytest.fixture
@@ -84,11 +106,61 @@ def cnn_spec() -> dict[str, Any]:
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    _check_loop_files(items)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# ------------------------------------------------ two xdist workers (the README's command)
+
+# The files whose tests read the session's ``real_data`` loop: under ``pytest -n 2 --dist
+# loadfile`` they run on one worker, first, so the loop runs once (each worker has its own
+# session). Collection checks the list against what the tests really use.
+LOOP_FILES = frozenset({
+    "tests/dashboards_tests/test_browser.py",
+    "tests/dashboards_tests/test_fuzz.py",
+    "tests/dashboards_tests/test_metrics.py",
+    "tests/dashboards_tests/test_optuna_dashboard.py",
+    "tests/pgc_daemon_tests/test_loop.py",
+})
+_LOOP = "the real_data loop"
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _check_loop_files(items: list[Any]) -> None:
+    missing = {_file_of(i.nodeid) for i in items
+               if "real_data" in getattr(i, "fixturenames", ())} - LOOP_FILES
+    if missing:
+        raise pytest.UsageError(
+            f"{', '.join(sorted(missing))} read real_data: add them to LOOP_FILES in tests/conftest.py")
+
+
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    """``--dist loadfile``, with the loop's files as one unit that goes out first: it is the
+    longest (the loop alone takes 1-3 minutes), so it must not be left for the end. (xdist's
+    own ``loadgroup`` reads a node id that pytest 9.2 no longer uses, so its groups fall apart
+    into single tests.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesLoopFirst(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            file = _file_of(nodeid)
+            return _LOOP if file in LOOP_FILES else file
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if _LOOP in self.workqueue:
+                self.workqueue.move_to_end(_LOOP, last=False)
+            super()._assign_work_unit(node)
+
+    return FilesLoopFirst(config, log)
 
 
 # --------------------------------------------------------------- every store backend

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,6 +16,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # bench scripts import their helpers as
 from _agent_cost import agent_cost  # noqa: E402
 
 
+@pytest.mark.serial  # the agent's cost within bounds
 def test_the_agent_case_measures_a_real_attached_model() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),

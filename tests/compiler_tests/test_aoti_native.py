@@ -97,6 +97,7 @@ def test_only_a_cpu_package_runs_natively(package: tuple[Path, nn.Module, torch.
     assert plain_package(path) and not plain_package(cuda)
 
 
+@pytest.mark.serial  # a spinner's pace beside the call
 def test_other_threads_run_while_a_package_computes(
     package: tuple[Path, nn.Module, torch.Tensor], one_thread: None
 ) -> None:

@@ -413,6 +413,7 @@ def _fastest_ms(fns: list[Any], x: tuple[Any, ...], rounds: int) -> list[float]:
     return best
 
 
+@pytest.mark.serial  # faster than fp32, built in seconds
 @pytest.mark.slow
 def test_minilm_static_int8_package_uses_onednn_int8_and_is_faster_than_fp32(tmp_path: Path) -> None:
     minilm = pytest.importorskip("pgc_daemon.examples.minilm")

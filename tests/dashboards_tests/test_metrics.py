@@ -200,9 +200,10 @@ def test_grafana_queries_run_in_prometheus_scraping_pgc_serve(server: Served, tm
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"scrape_configs:\n  - job_name: pgc\n    static_configs: [{{targets: ['{target}']}}]\n"
     )
+    prometheus = tool("prometheus")  # before the log is opened: a missing tool leaks no file
     log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed in finally, with the process
     proc = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=log, stderr=subprocess.STDOUT,
     )

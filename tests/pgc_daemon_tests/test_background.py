@@ -19,6 +19,9 @@ from pgc_daemon.agent.runtime import YieldToRequests, one_thread, short_gil_turn
 from .helpers import wait_for
 
 
+pytestmark = pytest.mark.serial  # its waits are checked to a tenth of a second
+
+
 def test_ops_in_the_mode_wait_until_no_request_is_in_flight() -> None:
     busy = threading.Event()
     busy.set()

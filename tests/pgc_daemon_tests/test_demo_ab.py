@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import torch
 
 from pgc_daemon import attach
@@ -15,6 +16,8 @@ from pgc_daemon.cli._demo_traffic import live_ab
 from pgc_daemon.settings import Settings
 
 from .helpers import wait_for
+
+pytestmark = pytest.mark.serial  # it times fp32 beside what serves
 
 
 class Slower(torch.nn.Module):

@@ -9,7 +9,12 @@ import sys
 import threading
 import time
 
+import pytest
+
 from pgc_daemon.agent.hostload import OtherLoad
+
+pytestmark = pytest.mark.serial  # it reads the machine's load, which a parallel worker adds to
+
 
 SPIN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
 

@@ -23,6 +23,9 @@ from pgc_daemon.agent.slot import Slot
 
 from .helpers import Load, deployment_state, wait_for
 
+pytestmark = pytest.mark.serial  # it tells a variant a little slower live from one as fast
+
+
 SPEC = "pgc_daemon.examples.digits:mlp"
 
 

@@ -117,6 +117,7 @@ def test_timing_inputs_follow_the_traffic_histogram() -> None:
     assert batches.count(1) == 6 and batches.count(8) == 2
 
 
+@pytest.mark.serial  # speedups measured under each traffic
 @pytest.mark.slow
 def test_the_search_times_variants_under_the_traffic_it_is_given(mlp_spec: dict[str, Any]) -> None:
     """The same model searched under batch-64 and under batch-1 traffic: each search times

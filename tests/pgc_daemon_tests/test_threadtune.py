@@ -30,6 +30,9 @@ from profiler import ProfilerConfig
 from .helpers import wait_for
 
 
+pytestmark = pytest.mark.serial  # it times thread counts on live traffic
+
+
 @pytest.fixture(autouse=True)
 def _threads_back() -> Iterator[None]:
     before = torch.get_num_threads()

@@ -125,6 +125,7 @@ def _tick_cpu_ms(*settings: Settings, rounds: int = 21) -> list[float]:
     return [statistics.median(own) for own in cpu]
 
 
+@pytest.mark.serial  # tick CPU time compared across histories
 def test_tick_cpu_does_not_grow_with_history(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,9 @@ from profiler import (
     Pacer, Period, Profiler, ProfilerConfig, RateController, Window, foreign_cost_ns,
 )
 
+pytestmark = pytest.mark.serial  # it measures the profiler's cost against serving time
+
+
 MS = 1_000_000
 
 

@@ -32,6 +32,9 @@ from profiler import Profiler, ProfilerConfig, exclusive_trace
 from profiler._compiled import BETWEEN
 
 
+pytestmark = pytest.mark.serial  # its per-layer rows must add up to live latency
+
+
 class Net(nn.Module):
     """Known split once compiled with freezing: fc1 with the GELU as one oneDNN linear (a
     fused epilogue), fc2 a oneDNN linear of its own, and one generated kernel for the layer

@@ -19,6 +19,9 @@ from profiler import LayerTimer, Profiler, ProfilerConfig, WindowAggregator
 from profiler._window import RESERVOIR
 
 
+pytestmark = pytest.mark.serial  # its layer times are checked to half a millisecond
+
+
 class Slow(nn.Module):
     """A leaf that knows how long it really took (sleeps overshoot on a busy machine)."""
 

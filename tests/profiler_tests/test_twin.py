@@ -159,9 +159,11 @@ def test_the_profiler_says_how_sampled_calls_are_timed() -> None:
     model = nn.Sequential(nn.Linear(4, 4))
     twinned = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
     twinned.watch(model)
+    x = torch.ones(1, 4)
     token = twinned.begin(model)
     assert token is not None and token.module is not model
     assert twinned.status()["hooks"].startswith("hook twin")
+    twinned.end(token, model, (x,), {}, 1_000)
     plain = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None,
                                     hook_twin=False))
     plain.watch(model)
@@ -169,6 +171,9 @@ def test_the_profiler_says_how_sampled_calls_are_timed() -> None:
     assert token is not None and token.module is model
     assert plain.status()["hooks"] == ("process-wide while a call is sampled: "
                                        "off (hook_twin=False)")
+    plain.end(token, model, (x,), {}, 1_000)  # a call begun must end: it took process-wide hooks
+    twinned.stop()
+    plain.stop()
 
 
 def test_a_real_transformer_sampled_through_its_twin() -> None:
