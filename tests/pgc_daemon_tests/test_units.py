@@ -137,6 +137,7 @@ def test_reservoir_keeps_following_traffic_that_drifts() -> None:
 # ---------------------------------------------------------------- interleaved timing
 
 
+@pytest.mark.serial  # timed on the wall clock
 def test_interleaved_timing_finds_a_two_times_slower_candidate() -> None:
     def base(_x: object) -> None:
         time.sleep(0.002)
@@ -151,6 +152,7 @@ def test_interleaved_timing_finds_a_two_times_slower_candidate() -> None:
     assert t.baseline_ms["p50"] < t.candidate_ms["p50"]
 
 
+@pytest.mark.serial  # timed on the wall clock
 def test_interleaved_timing_stops_once_the_decision_is_clear() -> None:
     """A candidate three times slower is clearly on the wrong side of fp32 (and of the best
     so far) after the fewest rounds; a close call against the same thresholds is timed to
@@ -410,6 +412,7 @@ def _spin(ms: float) -> None:
         pass
 
 
+@pytest.mark.serial  # timed on the wall clock
 def test_the_thread_clock_times_a_call_without_the_time_it_lost_its_core() -> None:
     """A call that loses its core for a while (here: it sleeps, as a preempted thread waits)
     costs only its own CPU time on the thread clock; on the wall clock the lost time counts,
@@ -431,6 +434,7 @@ def test_the_thread_clock_times_a_call_without_the_time_it_lost_its_core() -> No
     assert cpu.to_dict()["clock"] == "thread"
 
 
+@pytest.mark.serial  # timed on the wall clock
 def test_timing_leaves_the_live_gap_between_calls() -> None:
     """A candidate that pays after idle time (cold caches, sleeping OpenMP threads) is timed
     as live traffic meets it when calls are spaced by the live gap, and flattered back to
