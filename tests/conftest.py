@@ -20,18 +20,16 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # One Inductor kernel cache for every test's work dir (and the workers and daemons tests
 # start, which inherit it): tests build the same small graphs again and again, and a cold
-# cache compiles each kernel's C++ anew. Tests about pgc's own folder unset it. Each pytest
-# process has its own: an xdist worker inherits its controller's environment, and pgc builds
-# one AOTInductor package at a time per cache folder (compiler/_aoti.py), so a shared folder
-# would make the two workers take turns at every build. A folder set from outside is kept.
-_THIS_RUN = os.environ.get("PYTEST_XDIST_WORKER", "main")
-if os.environ.get("PGC_TEST_KERNELS_OF", _THIS_RUN) != _THIS_RUN or (
-    "PGC_INDUCTOR_CACHE_DIR" not in os.environ
-):
-    _kernels = tempfile.mkdtemp(prefix=f"pgc-test-inductor-{_THIS_RUN}-")
+# cache compiles each kernel's C++ anew. Tests about pgc's own folder unset it. An xdist
+# worker inherits its controller's folder and works in a folder of its own inside it: pgc
+# builds one AOTInductor package at a time per cache folder (compiler/_aoti.py), so a shared
+# one would make the two workers take turns at every build.
+if "PGC_INDUCTOR_CACHE_DIR" not in os.environ:
+    _kernels = tempfile.mkdtemp(prefix="pgc-test-inductor-")
     os.environ["PGC_INDUCTOR_CACHE_DIR"] = _kernels
-    os.environ["PGC_TEST_KERNELS_OF"] = _THIS_RUN
     atexit.register(shutil.rmtree, _kernels, ignore_errors=True)
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["PGC_INDUCTOR_CACHE_DIR"] = os.path.join(os.environ["PGC_INDUCTOR_CACHE_DIR"], _worker)
 
 
 @pytest.fixture(autouse=True)
