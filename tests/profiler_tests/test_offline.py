@@ -24,7 +24,14 @@ def test_profile_of_the_digits_cnn(cnn_spec: dict[str, Any]) -> None:
     top = {r["op_type"] for r in report.layers[:3]}
     assert top & {"Conv2d", "MaxPool2d"}, report.layers[:3]  # the convolutions carry the time
     for r in report.layers:
-        assert r["count"] == 12 and r["p95_ms"] >= r["p50_ms"] > 0
+        assert r["p95_ms"] >= r["p50_ms"] > 0
+        if r["op_type"].endswith("(self)"):
+            # a container's own time (a few microseconds here) counts the calls where it
+            # came out positive once its children and the hooks' cost are taken off
+            assert 1 <= r["count"] <= 12, r
+        else:
+            assert r["count"] == 12, r  # every layer, every call
+    assert {r["layer"] for r in report.layers} >= {"features.0", "features.6", "head.3"}
     assert report.shapes == {"b16 1x8x8": 12}
     assert report.device == "cpu" and report.overhead > 0
 

@@ -89,11 +89,7 @@ class SeqModel(nn.Module):
         return self.proj(self.embed(ids)).sum(1)
 
 
-def test_layer_statistics_are_kept_per_shape_bucket() -> None:
-    model = SeqModel().eval()
-    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
-    prof.watch(model)
-    traffic = [torch.zeros(1, 10, dtype=torch.long)] * 6 + [torch.zeros(4, 500, dtype=torch.long)] * 3
+def _profile_buckets(model: nn.Module, prof: Profiler, traffic: list[torch.Tensor]) -> Any:
     with torch.inference_mode():
         for ids in traffic[::-1][:4]:  # warm (first calls of a shape allocate), not profiled
             model(ids)
@@ -102,7 +98,22 @@ def test_layer_statistics_are_kept_per_shape_bucket() -> None:
             t0 = time.perf_counter_ns()
             (token.module if token is not None else model)(ids)
             prof.end(token, 3, (ids,), {}, time.perf_counter_ns() - t0)
-    win = prof.close_window()
+    return prof.close_window()
+
+
+def test_layer_statistics_are_kept_per_shape_bucket() -> None:
+    model = SeqModel().eval()
+    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
+    prof.watch(model)
+    traffic = [torch.zeros(1, 10, dtype=torch.long)] * 6 + [torch.zeros(4, 500, dtype=torch.long)] * 3
+    # one intra-op thread: with two on a CI box that runs two test workers, a 10-row matmul
+    # waits for a descheduled OpenMP thread (7.7 ms seen, slower than the 2000-row one)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        win = _profile_buckets(model, prof, traffic)
+    finally:
+        torch.set_num_threads(threads)
     requests = {r.shape_bucket: r.count for r in win.requests}
     assert requests == {"b1 s16": 6, "b4 s512": 3}
     proj = {r.shape_bucket: r for r in win.layers if r.layer == "proj"}
