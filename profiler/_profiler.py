@@ -153,6 +153,7 @@ class Profiler:
         self._pending_lock = threading.Lock()
         self._drain_lock = threading.Lock()
         self.discarded = 0  # sampled calls discarded because the background thread lagged
+        self.stalled = 0  # sampled calls of compiled modules left out: they stalled
         self._kernels: dict[int, dict[int, list[Any]]] = {}
         self._events: list[ProfilerEvent] = []
         self._host_rows: list[HostRow] = []
@@ -554,6 +555,13 @@ class Profiler:
         if raw.gpu is not None and p.timer.gpu is not None:
             gpu_ms, elapsed_ms = p.timer.gpu.resolve(raw.gpu)
             kernels = self._kernels.pop(raw.seq, None)
+        if raw.trace is not None and p.timer.stalled(
+                elapsed_ms, self.aggregator.typical_ms(p.variant, p.bucket)):
+            self.stalled += 1  # its rows would give a kernel time it spent off the CPU
+            cost = p.cost_ns + (_cpu_ns() - t0)
+            self._sampled_costs.append(cost)
+            self.aggregator.add_overhead(p.variant, p.bucket, cost)
+            return
         layers = p.timer.results(raw, gpu_ms, kernels)
         cost = p.cost_ns + (_cpu_ns() - t0)
         self._sampled_costs.append(cost)
@@ -726,6 +734,7 @@ class Profiler:
             "calls": t.calls,
             "sampled": t.sampled,
             "discarded": self.discarded,
+            "stalled": self.stalled,
             "call_queue_overflows": self.calls.overflows,
             "dropped": self.dropped,
             "exported": self._exporter.exported if self._exporter is not None else 0,

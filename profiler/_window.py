@@ -36,6 +36,9 @@ MAX_BUCKETS = 64
 OTHER_BUCKET = "other"
 #: Kernels kept per layer row (the longest by total time).
 TOP_KERNELS = 8
+#: a window's median latency stands for a (variant, bucket)'s live calls (:meth:`WindowAggregator.
+#: typical_ms`) once it holds this many calls, at most a tenth of them sampled
+TYPICAL_MIN_CALLS = 20
 #: Upper bounds (ms) of the request-latency histogram buckets; a last bucket holds the rest.
 #: Fixed, so windows from every process and every day add up (Prometheus histograms).
 LATENCY_BUCKETS_MS: tuple[float, ...] = (
@@ -110,6 +113,11 @@ class _Series:
             # time to one layer only, and would otherwise reorder a ranking by itself
             "trimmed_ms": sum(kept) / len(kept),
         }
+
+
+def _typical(calls: int, sampled: int) -> bool:
+    """Whether a window's calls say how live calls run: enough of them, few sampled."""
+    return calls >= TYPICAL_MIN_CALLS and sampled * 10 <= calls
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -196,6 +204,8 @@ class WindowAggregator:
         self.max_buckets = max_buckets
         self._totals = Totals()
         now = time.time()
+        #: per (variant, bucket): the median latency of the last window that could say it
+        self._typical: dict[tuple[Any, str], float] = {}
         self._reset(now)
         self._reset_layers(now)
         self._layer_calls = 0
@@ -359,6 +369,18 @@ class WindowAggregator:
             self._overhead_ns[key] = self._overhead_ns.get(key, 0) + overhead_ns
             self._totals.sampled_cost_ns += overhead_ns
 
+    def typical_ms(self, variant: Any, bucket: str) -> float | None:
+        """The median latency of the calls served at ``variant`` and ``bucket``, mostly not
+        sampled: the current window's once it holds :data:`TYPICAL_MIN_CALLS` such calls, or
+        the last window's that did; None before any did (a profile where every call is
+        sampled has none)."""
+        with self._lock:
+            key = (variant, bucket if bucket in self._buckets else OTHER_BUCKET)
+            series = self._calls.get(key)
+            if series is not None and _typical(series.count, self._sampled_n.get(key, 0)):
+                return _quantile(sorted(series.sample), 0.5)
+            return self._typical.get(key)
+
     def add_background(self, cost_ns: int) -> None:
         """Cost of background work (export, host samples, window processing): spread over the
         window's request rows in proportion to their serving time when it closes."""
@@ -402,13 +424,16 @@ class WindowAggregator:
         win = Window(start=start, end=now, layers_start=layers_start)
         busy_all = sum(s.total for s in calls.values()) * 1e6
         for (variant, bucket), series in calls.items():
+            stats = series.stats()
+            if _typical(series.count, sampled_n.get((variant, bucket), 0)):
+                self._typical[(variant, bucket)] = stats["p50_ms"]
             busy_ns = series.total * 1e6
             cost = float(overhead.get((variant, bucket), 0))
             if busy_all:
                 cost += background * busy_ns / busy_all
             busy_ns = max(busy_ns - incall.get((variant, bucket), 0), 1.0)  # hooks: not serving
             win.requests.append(RequestRow(
-                **series.stats(),
+                **stats,
                 variant=variant,
                 shape_bucket=bucket,
                 errors=errors.get((variant, bucket), 0),
