@@ -257,11 +257,8 @@ def search_best(s: Any, model_id: int) -> float | None:
     if not runs:
         return None
     same = {r.id for r in runs if r.study_name == runs[0].study_name}
-    speeds = [
-        t.speedup
-        for t in st.repo.list_trials(s, model_id)
-        if t.run_id in same and t.feasible and t.state == "complete" and t.speedup is not None
-    ]
+    speeds = [t.speedup for t in st.repo.list_trials(s, model_id) if t.run_id in same
+              and t.feasible and t.state == "complete" and t.speedup is not None]
     return max(speeds, default=None)
 
 
@@ -330,6 +327,7 @@ def _report(
         "deployed_live_ms": prof["active"]["live_ms"] if prof["active"] else None,
         "deployed_live_ms_all": prof["active"]["live_ms_all"] if prof["active"] else None,
         "deployed_sampled_calls": prof["active"]["sampled_calls"] if prof["active"] else None,
+        "sampled_calls_stalled": served.profiler.stalled,  # left out of the rows (DESIGN)
     }
 
 
@@ -382,7 +380,8 @@ def _print_report(console: Any, r: dict[str, Any]) -> None:
                       f"{r['deployed_layer_sum_ms']:.2f} ms a call over "
                       f"{r.get('deployed_sampled_calls')} sampled calls (live mean "
                       f"{_fmt(r.get('deployed_live_ms'))} ms in their windows, "
-                      f"{_fmt(r.get('deployed_live_ms_all'))} ms over the run)")
+                      f"{_fmt(r.get('deployed_live_ms_all'))} ms over the run; stalled, left "
+                      f"out: {r.get('sampled_calls_stalled')})")
     for key, title in (("hottest_layers", "hottest layers (live, fp32)"),
                        ("deployed_layers", "hottest layers (live, deployed: its kernels)")):
         hot = Table(title=title)

@@ -576,7 +576,8 @@ def test_the_demo_waits_for_the_search_and_reports_when_the_first_variant_went_a
     now = phase()
     assert now.serving and now.settled and not now.kept
 
-    served = SimpleNamespace(settings=Settings(store_url=store.url))
+    served = SimpleNamespace(settings=Settings(store_url=store.url),
+                             profiler=SimpleNamespace(stalled=2))
     with store.session() as s:
         report = _report(s, s.get(st.Model, model_id), served, Traffic(served, 1.0, 1), "deployed", 60.0,
                          None, attached)
@@ -586,6 +587,7 @@ def test_the_demo_waits_for_the_search_and_reports_when_the_first_variant_went_a
     assert report["first_active_label"] == RECIPES[0].label()
     assert report["search_best_speedup"] == 1.8 and report["deployed_while_searching"] is True
     assert {"speedup", "search_speedup", "canary_speedup", "trials", "outcome"} <= set(report)
+    assert report["sampled_calls_stalled"] == 2  # the agent's profiler's count
     _print_report(Console(file=None, force_terminal=False, width=200), report)
     out = capsys.readouterr().out
     assert f"first active deployment {report['first_active_s']:.0f} s after attach" in out
