@@ -145,16 +145,8 @@ def test_the_kernel_map_names_each_kernel_after_the_layers_it_computes(variant) 
 
 
 def test_sampled_calls_of_a_compiled_variant_give_rows_per_layer_that_add_up(variant) -> None:
-    model, v, folder = variant
-    loaded = load_artifact(model, v.recipe, v.artifact, cache=CompileCache(folder))
-    assert loaded.module.kernel_layers == v.module.kernel_layers  # kept with the artifact
-    module = loaded.module
-    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
-    prof.watch(module, kernels=module.kernel_layers)
-    x = torch.randn(64, 512)
-    with torch.inference_mode():
-        for _ in range(3):
-            module(x)
+    module, prof, x = _watched(variant)
+    assert module.kernel_layers == variant[1].module.kernel_layers  # kept with the artifact
     # Plain calls (the live latency) interleave with sampled ones so both see the same load on
     # this shared machine; a round that a burst of noise spoils is measured again, while a
     # systematic error (the profiler's cost not taken out, a kernel counted twice) fails all.
@@ -270,10 +262,8 @@ def _live_calls(prof: Profiler, module: nn.Module, x: torch.Tensor, n: int) -> f
     return sorted(times)[n // 2]
 
 
-def test_a_sampled_call_that_stalled_gives_no_rows(variant) -> None:
-    # Demo run 45: the twin's first two sampled calls, while other processes kept 1.5 of 2
-    # cores busy, read 18.5 ms of rows against 8.2 ms live (a layer norm's kernel 1.9 ms), and
-    # the rows of all seven came to 1.32x live. A sleep inside the call is such a stall.
+def _watched(variant) -> tuple[nn.Module, Profiler, torch.Tensor]:
+    """The variant loaded, watched by a profiler that samples every call, warmed; an input."""
     model, v, folder = variant
     module = load_artifact(model, v.recipe, v.artifact, cache=CompileCache(folder)).module
     prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
@@ -282,6 +272,15 @@ def test_a_sampled_call_that_stalled_gives_no_rows(variant) -> None:
     with torch.inference_mode():
         for _ in range(3):
             module(x)
+    return module, prof, x
+
+
+def test_a_sampled_call_that_stalled_gives_no_rows(variant) -> None:
+    # Demo run 45: the twin's first two sampled calls, while other processes kept 1.5 of 2
+    # cores busy, read 18.5 ms of rows against 8.2 ms live (a layer norm's kernel 1.9 ms), and
+    # the rows of all seven came to 1.32x live. A sleep inside the call is such a stall.
+    module, prof, x = _watched(variant)
+    with torch.inference_mode():
         for _attempt in range(3):  # a burst of noise on this shared machine: measure again
             stalled_before = prof.status()["stalled"]
             live = _live_calls(prof, module, x, 40)
@@ -304,14 +303,8 @@ def test_a_twin_slower_every_time_keeps_its_rows(variant) -> None:
     # A sampled call that reads slower than live every time is what the module's sampled
     # calls cost (a twin not calibrated yet, say), not a stall: after the first few, they
     # count, so the rows are not all thrown away.
-    model, v, folder = variant
-    module = load_artifact(model, v.recipe, v.artifact, cache=CompileCache(folder)).module
-    prof = Profiler(ProfilerConfig(sample_every=1, budget=None, host_interval_s=None))
-    prof.watch(module, kernels=module.kernel_layers)
-    x = torch.randn(64, 512)
+    module, prof, x = _watched(variant)
     with torch.inference_mode():
-        for _ in range(3):
-            module(x)
         live = _live_calls(prof, module, x, 40)
         for _ in range(12):
             _live_calls(prof, module, x, 2)
