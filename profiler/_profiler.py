@@ -555,16 +555,16 @@ class Profiler:
         if raw.gpu is not None and p.timer.gpu is not None:
             gpu_ms, elapsed_ms = p.timer.gpu.resolve(raw.gpu)
             kernels = self._kernels.pop(raw.seq, None)
-        if raw.trace is not None and p.timer.stalled(
-                elapsed_ms, self.aggregator.typical_ms(p.variant, p.bucket)):
-            self.stalled += 1  # its rows would give a kernel time it spent off the CPU
-            cost = p.cost_ns + (_cpu_ns() - t0)
-            self._sampled_costs.append(cost)
-            self.aggregator.add_overhead(p.variant, p.bucket, cost)
-            return
-        layers = p.timer.results(raw, gpu_ms, kernels)
+        # a compiled call that stalled: its rows would give a kernel time spent off the CPU
+        stalled = raw.trace is not None and p.timer.stalled(
+            elapsed_ms, self.aggregator.typical_ms(p.variant, p.bucket))
+        layers = [] if stalled else p.timer.results(raw, gpu_ms, kernels)
         cost = p.cost_ns + (_cpu_ns() - t0)
         self._sampled_costs.append(cost)
+        if stalled:
+            self.stalled += 1
+            self.aggregator.add_overhead(p.variant, p.bucket, cost)
+            return
         self.aggregator.add_sampled_call(
             p.variant, p.bucket, max(elapsed_ms, 0.0), layers, cost, incall_ns=raw.overhead_ns
         )

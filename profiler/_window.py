@@ -230,10 +230,14 @@ class WindowAggregator:
 
     def _bucket(self, bucket: str) -> str:
         """The bucket to count under (``other`` past :attr:`max_buckets`); under the lock."""
-        if bucket in self._buckets:
-            return bucket
-        if len(self._buckets) < self.max_buckets:
+        key = self._counted_as(bucket)
+        if key == bucket:
             self._buckets.add(bucket)
+        return key
+
+    def _counted_as(self, bucket: str) -> str:
+        """The bucket a call of ``bucket`` would count under, taking no room; under the lock."""
+        if bucket in self._buckets or len(self._buckets) < self.max_buckets:
             return bucket
         return OTHER_BUCKET
 
@@ -375,7 +379,7 @@ class WindowAggregator:
         the last window's that did; None before any did (a profile where every call is
         sampled has none)."""
         with self._lock:
-            key = (variant, bucket if bucket in self._buckets else OTHER_BUCKET)
+            key = (variant, self._counted_as(bucket))
             series = self._calls.get(key)
             if series is not None and _typical(series.count, self._sampled_n.get(key, 0)):
                 return _quantile(sorted(series.sample), 0.5)

@@ -339,6 +339,27 @@ def test_windows_are_keyed_by_variant_and_shape_bucket() -> None:
     assert next(r for r in win.requests if r.variant == 2).fallbacks == 1
 
 
+def test_the_typical_latency_outlives_its_window_and_leaves_sampled_windows_out() -> None:
+    """What a sampled call of a compiled variant is judged against (``typical_ms``): the
+    current window's median once it holds enough calls, most not sampled, else the last such
+    window's, also before the new window has seen the bucket (the background thread turns
+    sampled calls into rows before it moves the served calls in)."""
+    agg = WindowAggregator()
+    assert agg.typical_ms(1, "b1") is None
+    for ms in (2.0, 3.0, 4.0) * 10:
+        agg.add_call(1, "b1", ms)
+    assert agg.typical_ms(1, "b1") == 3.0  # the current window
+    agg.close()
+    assert agg.typical_ms(1, "b1") == 3.0  # the last window's, the bucket not seen again yet
+    assert agg.typical_ms(1, "b2") is None and agg.typical_ms(2, "b1") is None
+    for _ in range(20):  # a window of sampled calls only (an offline profile) says nothing
+        agg.add_call(1, "b1", 50.0)
+        agg.add_sampled_call(1, "b1", 50.0, [], 0)
+    assert agg.typical_ms(1, "b1") == 3.0
+    agg.close()
+    assert agg.typical_ms(1, "b1") == 3.0
+
+
 def test_closing_the_aggregator_directly_includes_pending_sampled_calls() -> None:
     # callers that close the aggregator themselves (pgc optimize's offline profile) see the
     # layers of every call that ended before
