@@ -46,7 +46,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -74,6 +74,9 @@ from compiler._kernel_map import KernelMap, kernel_map, merge, profile_options
 from compiler._outputs import loads_spec
 from compiler._pt2e import quiet
 from compiler._registry import BuildContext, Example
+
+if TYPE_CHECKING:
+    from compiler._autotune_picks import Pick, Picking
 
 log = logging.getLogger("pgc.compiler")
 
@@ -271,13 +274,14 @@ def aoti_options(options: dict[str, Any]) -> dict[str, Any]:
 def compile_package(
     module: nn.Module, example: Example, path: Path, options: dict[str, Any],
     dynamic_dim: int | None = None, notes: list[str] | None = None,
+    picks: dict[str, list[Pick]] | None = None,
 ) -> tuple[KernelMap | None, tuple[int, int | None] | None]:
     """Export ``module`` with the example's shapes (static, or ``dynamic_dim`` symbolic) and
     compile it into ``path``; returns which layers each of its kernels computes
     (:mod:`compiler._kernel_map`) and, for a dynamic package, the lengths it accepts. Attention
     is lowered where that is faster (:mod:`compiler._attention`); what was chosen is appended
-    to ``notes``."""
-    from torch._inductor import aoti_compile_and_package
+    to ``notes``. The GEMM kernels max-autotune kept go to ``picks[path.name]``
+    (:mod:`compiler._autotune_picks`; replayed inside its ``replaying``)."""
 
     args, kwargs = example
     accepts = None
@@ -293,45 +297,60 @@ def compile_package(
         attention = _attention.find(program)
         note = None
         if attention is not None and attention.choice is None:
-            program, choice, ms = _compile_both_ways(program, attention, example, path, configs)
+            program, choice, ms, picked = _compile_both_ways(program, attention, example, path,
+                                                             configs)
             note = attention.note(choice, ms)
         else:
             if attention is not None:
                 note = attention.note(attention.choice or "fused", attention.ms)
                 if attention.choice == "math":
                     program = _attention.lower(program)
-            aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+            picked = _compile(program, path, configs)
         _drop_build_outputs(path)
-    if note is not None and notes is not None and note not in notes:
-        notes.append(note)
+    for line in (note, picked.describe()):
+        if line is not None and notes is not None and line not in notes:
+            notes.append(line)
+    if picks is not None:
+        picks[path.name] = picked.picks
     try:
         return kernel_map(program, path), accepts
     except Exception:  # noqa: BLE001 - no attribution, the package serves all the same
         return None, accepts
 
 
+def _compile(program: Any, path: Path, configs: dict[str, Any], package: str | None = None,
+             ) -> Picking:
+    """AOTInductor-compile ``program`` into ``path``, recording (or replaying) the kernel
+    max-autotune keeps for each GEMM as package ``package`` (default: ``path``'s name)."""
+    from torch._inductor import aoti_compile_and_package
+
+    from compiler._autotune_picks import picking
+
+    with picking(package or path.name) as picked:
+        aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    return picked
+
+
 def _compile_both_ways(
     program: Any, attention: _attention.Attention, example: Example, path: Path,
     configs: dict[str, Any],
-) -> tuple[Any, str, dict[str, float]]:
+) -> tuple[Any, str, dict[str, float], Picking]:
     """Compile ``program`` with its attention fused and plain, time the two packages on the
     example, keep the faster at ``path`` and remember the choice (:mod:`compiler._attention`).
-    Returns the program compiled, the form and the milliseconds measured."""
-    from torch._inductor import aoti_compile_and_package
-
+    Returns the program compiled, the form, the milliseconds measured and its GEMM picks."""
     plain_program = _attention.lower(program)
     plain_path = path.with_name(path.stem + ".plain.pt2")
     try:
-        aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
-        aoti_compile_and_package(plain_program, package_path=str(plain_path), inductor_configs=configs)
+        picked = _compile(program, path, configs)
+        plain_picked = _compile(plain_program, plain_path, configs, package=path.name)
         fused, plain = PackageRunner(path), PackageRunner(plain_path)
         args, kwargs = copies(example)  # a package may write into its inputs (compiler._inputs)
         choice, ms = _attention.choose(attention, lambda: fused(args, kwargs), lambda: plain(args, kwargs))
         if choice == "math":
             _drop_build_outputs(path)
             os.replace(plain_path, path)
-            return plain_program, choice, ms
-        return program, choice, ms
+            return plain_program, choice, ms, plain_picked
+        return program, choice, ms, picked
     finally:
         if plain_path.exists():
             _drop_build_outputs(plain_path)
@@ -434,13 +453,14 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
         files: list[str] = []
         inputs: list[dict[str, Any]] = []
         maps: list[KernelMap | None] = []
+        picks: dict[str, list[Pick]] = {}
         for i, ex in enumerate(shape_examples(example, ctx.recipe)):
             sig = signature(*ex)
             if sig in runners:
                 continue
             name = f"model{i}.pt2"
             maps.append(compile_package(model, ex, folder / name, aoti_options(options),
-                                        notes=ctx.report.notes)[0])
+                                        notes=ctx.report.notes, picks=picks)[0])
             runner = PackageRunner(folder / name)
             with torch.no_grad():
                 got, runner.copy_inputs = call_checked(runner, ex)
@@ -457,7 +477,7 @@ def to_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContext) -> Aot
         raise
     kernels = merge(maps)
     ctx.state["artifact"] = {"kind": "aoti", "folder": folder, "files": files, "inputs": inputs,
-                             "kernels": kernels}
+                             "kernels": kernels, "autotune": picks}
     summary = summarize_package(folder / files[0])
     if len(files) > 1:
         summary += f" ({len(files)} packages, one per bucket length)"
@@ -470,10 +490,11 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
     """One package with ``dim`` symbolic, checked at several lengths against the fp32 model
     (:mod:`compiler._dynamic`); raises when export fixes the axis or a length is off."""
     folder = Path(tempfile.mkdtemp(prefix="pgc-aoti-"))
+    picks: dict[str, list[Pick]] = {}
     try:
         kernels, accepts = compile_package(model, example, folder / "model0.pt2",
                                            aoti_options(options), dynamic_dim=dim,
-                                           notes=ctx.report.notes)
+                                           notes=ctx.report.notes, picks=picks)
         assert accepts is not None
         low, high = accepts
         runner = PackageRunner(folder / "model0.pt2")
@@ -497,6 +518,7 @@ def _to_dynamic_aoti(model: nn.Module, options: dict[str, Any], ctx: BuildContex
     match = DynamicMatch(dim, low, high, mask_signature(signature(*example), dim, n))
     ctx.state["artifact"] = {
         "kind": "aoti", "folder": folder, "files": ["model0.pt2"], "kernels": kernels,
+        "autotune": picks,
         "inputs": [_with_copy(signature_to_json(match.masked) | {"dynamic": match.to_json()},
                               runner, ctx)],
     }

@@ -164,14 +164,36 @@ def build_profiling_twin(
     profiled=True)``). A live profiler runs the twin on sampled calls only, so the variant's
     per-layer rows cost its other calls nothing (kernel events cost every call of a package
     carrying them, 3% of MiniLM's). Starts from the quantized graph the variant's build saved
-    (same calibration: the same graph). None when the variant is not made of AOTInductor
-    packages (eager modules are seen by hooks; ONNX Runtime and OpenVINO by nothing yet) or
-    when its kernels could not be mapped to layers."""
+    (same calibration: the same graph), and keeps the GEMM kernels max-autotune kept for the
+    variant's artifact (:mod:`compiler._autotune_picks`) rather than timing them again. None
+    when the variant is not made of AOTInductor packages (eager modules are seen by hooks;
+    ONNX Runtime and OpenVINO by nothing yet) or when its kernels could not be mapped to
+    layers."""
     if recipe.backend.kind != "inductor":
         return None
-    with kernel_events():
+    from compiler._autotune_picks import replaying
+
+    picks = _variant_picks(model, recipe, calibration, cache)
+    with kernel_events(), replaying(picks):
         twin = build(model, recipe, calibration=calibration, example=example, cache=cache)
     return twin if twin.kernel_layers is not None and twin.artifact is not None else None
+
+
+def _variant_picks(
+    model: nn.Module, recipe: Recipe, calibration: Sequence[Example], cache: CompileCache
+) -> dict[str, list[Any]] | None:
+    """The GEMM picks recorded in the stored artifact of ``recipe``'s variant (built without
+    kernel events), or None where there is none to read."""
+    from compiler._autotune_picks import picks_from_json
+
+    digest = cache_key(model, recipe, calibration).digest
+    if not cache.has_artifact(digest):
+        return None
+    try:
+        _, manifest = cache.open_artifact(digest)
+    except Exception:  # noqa: BLE001 - unreadable: the twin times its own kernels
+        return None
+    return picks_from_json(manifest.get("autotune"))
 
 
 def load_artifact(
@@ -273,6 +295,10 @@ def _store_artifact(
     if made["kind"] == "aoti":
         files: dict[str, Path | bytes] = {n: made["folder"] / n for n in made["files"]}
         meta.update(order=list(made["files"]), inputs=made["inputs"], kernels=made.get("kernels"))
+        if made.get("autotune"):
+            from compiler._autotune_picks import picks_to_json
+
+            meta["autotune"] = picks_to_json(made["autotune"])
     elif made["kind"] == "openvino":
         files = dict(made["files"])
         meta.update(input_names=made["input_names"], out_spec=made["out_spec"], mode=made["mode"])
