@@ -61,12 +61,14 @@ def build_twin(
     if twin is None:
         return None
     took = time.monotonic() - started
+    replayed = next((n for n in twin.report.notes if n.startswith("autotune: ")), None)
     with store.session() as s:
         st.repo.set_variant_profile_artifact(s, variant_id, twin.artifact)
         st.repo.add_event(
             s, model_id, "profile_twin",
             f"built a profiling twin of {chosen.label} in {took:.0f}s: serving processes run it "
-            "on sampled calls, which are split over the layers its kernels compute",
+            "on sampled calls, which are split over the layers its kernels compute"
+            + (f" ({replayed.removeprefix('autotune: ')})" if replayed else ""),
             data={"variant_id": variant_id, "artifact": twin.artifact, "build_s": round(took, 1)},
         )
     log.info("profiling twin of %s built in %.1fs", chosen.label, took)
