@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import contextvars
 import json
 import os
 import zipfile
@@ -45,9 +46,13 @@ PROFILE_OPTIONS: dict[str, Any] = {
 ENV = "PGC_KERNEL_PROFILE"
 
 
+_EVENTS: contextvars.ContextVar[bool] = contextvars.ContextVar("pgc_kernel_events", default=False)
+
+
 def kernel_profiling() -> bool:
-    """Whether packages are built with kernel events (:data:`ENV` is 1)."""
-    return os.environ.get(ENV, "0") == "1"
+    """Whether packages built here carry kernel events: inside :func:`kernel_events`, or with
+    :data:`ENV` at 1 in the process's environment."""
+    return _EVENTS.get() or os.environ.get(ENV, "0") == "1"
 
 
 def profile_options() -> dict[str, Any]:
@@ -57,18 +62,15 @@ def profile_options() -> dict[str, Any]:
 
 @contextlib.contextmanager
 def kernel_events() -> Iterator[None]:
-    """Packages built inside the block carry kernel events (:data:`ENV` is 1 there, as before
-    after). The environment is the process's: for a process whose other threads build
-    nothing meanwhile (a search worker between trials)."""
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "1"
+    """Packages built inside the block carry kernel events, and their cache keys say so (as
+    :data:`ENV` at 1 would). For this thread only: it was the process's environment, and a
+    twin built in one thread made a variant another thread built meanwhile a package with
+    kernel events (3% slower on every call), stored under the twin's key."""
+    token = _EVENTS.set(True)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+        _EVENTS.reset(token)
 
 
 def with_kernel_events(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -70,6 +70,7 @@ from torch.utils._pytree import tree_flatten
 
 from compiler._errors import ArtifactUnavailable, UnsafeFolderError
 from compiler._kernel_map import ENV as KERNEL_ENV
+from compiler._kernel_map import kernel_profiling, with_kernel_events
 from compiler._registry import Example
 from compiler.fingerprint import fingerprint
 from compiler.hardware import probe
@@ -93,7 +94,10 @@ def _version(module: str) -> str:
 
 
 def codegen_env(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
-    env = os.environ if environ is None else environ
+    """The environment that changes generated code: ``environ``, or this process's as this
+    thread builds (inside ``kernel_events``, with :data:`KERNEL_ENV` at 1)."""
+    env = (with_kernel_events() if kernel_profiling() else os.environ) if environ is None \
+        else environ
     return tuple(
         sorted(
             (k, v)

@@ -20,6 +20,7 @@ from torch import nn
 from compiler import Backend, CompileCache, Recipe, build, build_profiling_twin
 from compiler import _autotune_picks as picks_mod
 from compiler._autotune_picks import Pick, picks_from_json
+from compiler._kernel_map import ENV
 
 RECIPE = Recipe(backend=Backend("inductor", "max-autotune"))
 
@@ -52,9 +53,12 @@ def variant(tmp_path_factory: pytest.TempPathFactory):
 
     picks_mod.Picking = Spy
     try:
-        built = build(model, RECIPE, calibration=calibration, cache=CompileCache(folder))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.delenv(ENV, raising=False)  # as served by default: no kernel events
+            built = build(model, RECIPE, calibration=calibration, cache=CompileCache(folder))
     finally:
         picks_mod.Picking = real
+    assert ENV not in _manifest(folder, built.artifact)["key"]["env"]
     if not candidates:
         pytest.skip("max-autotune offered one kernel per GEMM on this machine")
     manifest = _manifest(folder, built.artifact)
