@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from compiler._kernel_map import kernel_events, with_kernel_events
 from compiler._outputs import register_dataclasses
 from compiler.cache import CacheKey, CompileCache, cache_key, checked_path, incompatible
 from compiler.recipe import Recipe
+
+if TYPE_CHECKING:
+    from compiler._autotune_picks import Pick
 
 _AFTER_QUANTIZATION = Recipe.APPLY_ORDER[Recipe.APPLY_ORDER.index("quantization") + 1 :]
 _AFTER_BACKEND = Recipe.APPLY_ORDER[Recipe.APPLY_ORDER.index("backend") + 1 :]
@@ -181,17 +184,14 @@ def build_profiling_twin(
 
 def _variant_picks(
     model: nn.Module, recipe: Recipe, calibration: Sequence[Example], cache: CompileCache
-) -> dict[str, list[Any]] | None:
+) -> dict[str, list[Pick]] | None:
     """The GEMM picks recorded in the stored artifact of ``recipe``'s variant (built without
-    kernel events), or None where there is none to read."""
+    kernel events), or None where there is none to read (the twin then times its own)."""
     from compiler._autotune_picks import picks_from_json
 
-    digest = cache_key(model, recipe, calibration).digest
-    if not cache.has_artifact(digest):
-        return None
     try:
-        _, manifest = cache.open_artifact(digest)
-    except Exception:  # noqa: BLE001 - unreadable: the twin times its own kernels
+        _, manifest = cache.open_artifact(cache_key(model, recipe, calibration).digest)
+    except ArtifactUnavailable:
         return None
     return picks_from_json(manifest.get("autotune"))
 
