@@ -83,14 +83,12 @@ def _variant(args: argparse.Namespace, model: Any, examples: list[Any]) -> tuple
     if recipe.backend.kind not in ("eager", "inductor"):
         raise UsageError(f"--recipe: {recipe.label()} has no per-layer view (its backend runs "
                          "outside torch; eager and AOTInductor variants have one)")
-    import os  # noqa: PLC0415
+    from compiler._kernel_map import kernel_events  # noqa: PLC0415
 
-    from compiler._kernel_map import ENV  # noqa: PLC0415
-
-    os.environ[ENV] = "1"  # offline: a package built with kernel events, to attribute them
     print(f"pgc profile: building {recipe.label()}", file=sys.stderr, flush=True)
     try:
-        built = build(model, recipe, calibration=examples[:8], example=examples[0])
+        with kernel_events():  # a package built with kernel events, to attribute them
+            built = build(model, recipe, calibration=examples[:8], example=examples[0])
     except BuildError as exc:
         raise UsageError(f"--recipe: {exc}") from None
     if not built.hookable and built.kernel_layers is None:

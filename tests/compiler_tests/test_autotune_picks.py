@@ -81,10 +81,12 @@ def test_a_variant_records_the_kernel_each_gemm_kept(variant) -> None:
     assert not any("replayed" in n for n in built.report.notes)  # the variant times its own
 
 
-def test_the_twin_replays_its_variants_picks_not_its_own_timings(variant, tmp_path) -> None:
+def test_the_twin_replays_its_variants_picks_not_its_own_timings(
+        variant, tmp_path, monkeypatch) -> None:
     """The variant's manifest is made to name the other candidate of each GEMM (what a
     twin timed under load would keep): the twin must compile those, and its kernel events
     show it: the library linear is called exactly where a pick names it."""
+    monkeypatch.delenv(ENV, raising=False)  # as the variant was built: its key, its picks
     model, calibration, folder, built, candidates, recorded = variant
     other = tmp_path / "cache"
     shutil.copytree(folder, other)
@@ -113,7 +115,8 @@ def test_the_twin_replays_its_variants_picks_not_its_own_timings(variant, tmp_pa
     assert library_calls == len(externs), twin.kernel_layers
 
 
-def test_the_twin_computes_what_its_variant_computes(variant) -> None:
+def test_the_twin_computes_what_its_variant_computes(variant, monkeypatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
     model, calibration, folder, built, _, recorded = variant
     twin = build_profiling_twin(model, RECIPE, calibration=calibration, cache=CompileCache(folder))
     assert twin is not None

@@ -4,6 +4,7 @@ exit code 2 on bad input."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from compiler import probe
+from compiler._kernel_map import ENV, kernel_profiling
 from pgc_daemon.cli import run
 from pgc_daemon.cli.doctor import compatibility
 
@@ -197,10 +199,13 @@ def test_profile_sensitivity_is_shown_and_saved_for_the_served_model(
 
 
 def test_profile_of_a_compiled_recipe_splits_its_kernels_over_the_layers(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """``--recipe``: the digits MLP compiled (an AOTInductor package), profiled through its
     kernels: every linear has a row, the ReLUs fused into them say so, the rows add up to
-    the calls."""
+    the calls. The kernel events stay with that build: the process's environment is left as
+    it was (it used to keep ``PGC_KERNEL_PROFILE=1``, and a later build in the same process
+    was keyed as a profiling twin)."""
+    monkeypatch.delenv(ENV, raising=False)
     recipe = '{"backend": {"kind": "inductor"}}'
     code = run(["profile", "pgc_daemon.examples.digits:mlp", "--recipe", recipe, "--rounds", "3",
                 "--inputs", "4", "--threads", "1", "--no-counters", "--json"])
@@ -213,6 +218,7 @@ def test_profile_of_a_compiled_recipe_splits_its_kernels_over_the_layers(
     assert "fused with" in rows["net.2"]["op_type"]  # a ReLU inside its linear's kernel
     assert sum(r["latency_ratio"] for r in report["layers"]) == pytest.approx(1.0, abs=1e-6)
     assert report["calls"] == 12
+    assert ENV not in os.environ and not kernel_profiling()
 
 
 def test_doctor_says_which_gpus_get_fp8_searched() -> None:
