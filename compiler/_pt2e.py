@@ -332,6 +332,8 @@ def quantize_region(
                 has_static = True
         for name in sorted(keep_float):
             static_q.set_module_name_qconfig(name, None)
+        if not INT8_MAX_POOL:
+            static_q.set_function_type_qconfig(torch.nn.functional.max_pool2d, None)
         quantizers = ([dynamic_q] if has_dynamic else []) + ([static_q] if has_static else [])
         if not quantizers:
             return gm
@@ -345,10 +347,17 @@ def quantize_region(
     return converted
 
 
+#: Whether a max-pool between int8 layers is annotated as int8 (its input's scale carried
+#: through). False: it is left float between a dequantize and a quantize, which Inductor
+#: fuses into one generated kernel. An int8 max-pool is ``quantized::max_pool2d``, which
+#: Inductor calls through its proxy executor: the package is then not plain, so it runs
+#: through torch's loader, holding the GIL for the whole call (``compiler._aoti_native``).
+INT8_MAX_POOL = False
+
 #: The version of pgc's own rewrites of a graph (this module's clamps of narrow quantizes,
 #: ``compiler._attention``'s lowering, ``compiler._graph_cast``'s bf16 layers), part of every
 #: cache key: a graph or package saved by an older pgc is not reused when these change.
-GRAPH_PASSES = "3"
+GRAPH_PASSES = "4"
 
 
 def clamp_narrow_quantize(gm: torch.fx.GraphModule) -> int:
