@@ -332,8 +332,6 @@ def quantize_region(
                 has_static = True
         for name in sorted(keep_float):
             static_q.set_module_name_qconfig(name, None)
-        if not INT8_MAX_POOL:
-            static_q.set_function_type_qconfig(torch.nn.functional.max_pool2d, None)
         quantizers = ([dynamic_q] if has_dynamic else []) + ([static_q] if has_static else [])
         if not quantizers:
             return gm
@@ -343,21 +341,61 @@ def quantize_region(
             for args, kwargs in list(inputs)[:MAX_CALIBRATION]:
                 prepared(*args, **kwargs)
         converted = convert_pt2e(prepared)
+    if POOL_UINT8:
+        pool_uint8(converted)
     clamp_narrow_quantize(converted)
     return converted
 
 
-#: Whether a max-pool between int8 layers is annotated as int8 (its input's scale carried
-#: through). False: it is left float between a dequantize and a quantize, which Inductor
-#: fuses into one generated kernel. An int8 max-pool is ``quantized::max_pool2d``, which
-#: Inductor calls through its proxy executor: the package is then not plain, so it runs
-#: through torch's loader, holding the GIL for the whole call (``compiler._aoti_native``).
-INT8_MAX_POOL = False
+#: Whether :func:`pool_uint8` runs (off: the int8 max-pool stays ``quantized::max_pool2d``)
+POOL_UINT8 = True
 
 #: The version of pgc's own rewrites of a graph (this module's clamps of narrow quantizes,
 #: ``compiler._attention``'s lowering, ``compiler._graph_cast``'s bf16 layers), part of every
 #: cache key: a graph or package saved by an older pgc is not reused when these change.
 GRAPH_PASSES = "4"
+
+
+def pool_uint8(gm: torch.fx.GraphModule) -> int:
+    """Max-pool int8 activations as uint8: ``quantize(max_pool2d(dequantize(x)))`` with one
+    scale and zero point on both sides (pt2e shares them across a max-pool) becomes
+    ``max_pool2d(x)`` on the uint8 tensor, the same values (dequantizing is monotonic).
+    Left as it was, Inductor makes the pattern ``quantized::max_pool2d``, an op it calls
+    through its proxy executor: such a package is not plain, so it runs through torch's
+    loader, which holds the GIL for the whole call (:mod:`compiler._aoti_native`). Inductor
+    lowers the uint8 max-pool to a generated kernel. A channels-last pool is left as it was:
+    ATen's uint8 max-pool, which runs where the graph runs eagerly (calibration, the package
+    check), refuses channels-last input of more than 255 elements a channel (torch 2.13).
+    Returns how many were rewritten."""
+    qd = torch.ops.quantized_decomposed
+    rewritten = 0
+    for pool in list(gm.graph.nodes):
+        if pool.op != "call_function" or pool.target is not torch.ops.aten.max_pool2d.default:
+            continue
+        dq, users = pool.args[0], list(pool.users)
+        if not (isinstance(dq, torch.fx.Node) and dq.target is qd.dequantize_per_tensor.default
+                and len(users) == 1 and users[0].target is qd.quantize_per_tensor.default):
+            continue
+        q = users[0]
+        if tuple(dq.args[1:]) != tuple(q.args[1:]) or dq.kwargs != q.kwargs:
+            continue
+        val = pool.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.is_contiguous()):
+            continue  # ATen's uint8 max-pool fails on channels-last input, run eagerly
+        with gm.graph.inserting_before(pool):
+            pooled = gm.graph.call_function(
+                torch.ops.aten.max_pool2d.default, (dq.args[0], *pool.args[1:]), dict(pool.kwargs))
+        pooled.meta.update({k: v for k, v in pool.meta.items() if k not in ("val", "tensor_meta")})
+        q.replace_all_uses_with(pooled)
+        gm.graph.erase_node(q)
+        gm.graph.erase_node(pool)
+        if not dq.users:
+            gm.graph.erase_node(dq)
+        rewritten += 1
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten
 
 
 def clamp_narrow_quantize(gm: torch.fx.GraphModule) -> int:
