@@ -6,9 +6,10 @@ pt2e gives a max-pool between int8 layers its input's scale; Inductor then makes
 its proxy executor. Such a package runs through torch's loader, which holds the GIL for the
 whole call: beside an int8 ResNet-18 called back to back, a thread waking every millisecond
 got 1 183-1 224 turns in 3 s, against 2 612-2 616 beside the plain package pgc builds now
-(2026-12-07, 2-core Xeon with AMX). ``compiler._pt2e.pool_uint8`` pools the uint8 tensor itself, which Inductor generates
-code for. Leaving the max-pool float instead (a dequantize, the pool, a quantize) made the
-digits CNN at batch 256 19% slower; pooling uint8 made it 1.11x faster than the library op.
+(2026-12-07, 2-core Xeon with AMX). ``compiler._pt2e.pool_uint8`` pools the uint8 tensor
+itself, which Inductor generates code for. Leaving the max-pool float instead (a dequantize,
+the pool, a quantize) made the digits CNN at batch 256 19% slower; pooling uint8 made it
+1.11x faster than the library op.
 """
 
 from __future__ import annotations
