@@ -333,3 +333,43 @@ def test_a_trial_on_variable_lengths_reports_a_static_variant_that_measured_fp32
         {"backend": {"kind": "inductor"}, "dynamic": {"dim": 1}}))
     assert dynamic.state == "complete", dynamic.message
     assert dynamic.fidelity > 0.9999
+
+
+class _Branchy(torch.nn.Module):
+    """A model whose Python branches on its data: ``torch.export`` cannot trace it, so no
+    AOTInductor package can be built, while ``torch.compile`` runs it (a graph break)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 32)
+        self.b = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        if h.sum() > 0:  # data-dependent
+            h = h * 2
+        return self.b(h)
+
+
+def test_a_compiled_variant_without_an_artifact_is_not_deployed_in_a_live_search(tmp_path) -> None:
+    """Serving processes load what a worker built and never compile. A variant whose package
+    could not be built (``torch.compile`` stood in) would make each of them compile, so a
+    search that shares artifacts with them does not time or choose it; offline it is timed."""
+    from compiler import CompileCache
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [((torch.randn(4, 32, generator=g),), {}) for _ in range(8)]
+    recipe = Recipe.from_dict({"backend": {"kind": "inductor"}})
+    cache = CompileCache(tmp_path / "cache", artifacts=tmp_path / "artifacts")
+    live = make_search(base=_Branchy().eval(), inputs=inputs, profile=[], name="branchy",
+                       storage=None, policy=Policy(max_trials=2), metric="cosine", cache=cache)
+    rec = live.evaluate(0, {}, recipe)
+    assert rec.state == "failed" and rec.artifact is None
+    assert rec.message.startswith("not deployable: AOTInductor package not built"), rec.message
+    assert "would have to compile it" in rec.message and "timing" not in rec.phases
+    assert pick([rec], Policy()) is None
+    offline = make_search(base=_Branchy().eval(), inputs=inputs, profile=[], name="branchy-off",
+                          storage=None, policy=Policy(max_trials=2), metric="cosine")
+    rec = offline.evaluate(0, {}, recipe)
+    assert rec.state == "complete", rec.message
+    assert rec.fidelity > 0.9999 and "timing" in rec.phases

@@ -187,6 +187,10 @@ def evaluate_trial(
         )
         phases["build"] = time.monotonic() - t
         rec.artifact = getattr(variant, "artifact", None)
+        unloadable = _compiled_without_artifact(variant, self.cache)
+        if unloadable:
+            rec.message = unloadable
+            return rec
         t = time.monotonic()
         warm(variant, self.timing_inputs[:1], rounds=1)
         phases["warm"] = time.monotonic() - t
@@ -267,6 +271,23 @@ def evaluate_trial(
         gc.collect()
     return rec
 
+
+
+def _compiled_without_artifact(variant: Any, cache: CompileCache | None) -> str | None:
+    """Why a variant cannot be deployed (None: it can): serving processes load what a worker
+    built and never compile (a compile takes 20-60 s of a serving host's cores beside its
+    requests), so a compiled variant that saved no artifact (its AOTInductor package failed
+    to export, compile or pass its output check, and ``torch.compile`` stood in) is not
+    deployed, nor timed. Only a search whose cache shares artifacts with serving processes
+    (the live one) asks; offline the variant serves where it was built."""
+    if cache is None or cache.artifacts is None or variant.artifact is not None:
+        return None
+    if not variant.report.compiled:
+        return None
+    why = next((n for n in variant.report.notes if n.startswith("AOTInductor package not")),
+               "no artifact was saved")
+    return (f"not deployable: {why.split('; compiled with')[0]}; a serving process would "
+            "have to compile it itself, and pgc deploys only what a worker built")
 
 
 def _shape_fallback(module: Any, misses_before: int, calls: int, limit_hits: int) -> str | None:
