@@ -24,7 +24,8 @@ from compiler.private import private_dir
 if TYPE_CHECKING:
     from compiler._registry import BuildReport, Example, register_transform, registered_parts
     from compiler.build import (
-        BuiltVariant, at_threads, build, build_profiling_twin, load_artifact, run, warm,
+        BuiltVariant, at_threads, build, build_profiling_twin, load_artifact,
+        profiling_twin_digest, run, warm,
     )
     from compiler.cache import CacheKey, CompileCache, cache_key
     from compiler.fidelity import METRICS, choose_metric, compare, fidelity, judgments
@@ -52,6 +53,7 @@ _LAZY: dict[str, str] = {
     "build": "compiler.build",
     "build_profiling_twin": "compiler.build",
     "load_artifact": "compiler.build",
+    "profiling_twin_digest": "compiler.build",
     "run": "compiler.build",
     "warm": "compiler.build",
     "CacheKey": "compiler.cache",

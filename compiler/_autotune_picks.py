@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,6 +106,17 @@ def replaying(picks: Mapping[str, Sequence[Pick]] | None) -> Iterator[None]:
         yield
     finally:
         _REPLAY.reset(token)
+
+
+def replay_digest() -> str:
+    """What packages compiled now replay, for their cache key: ``-`` outside
+    :func:`replaying` (or with nothing to replay), else a digest of the picks. A twin built to
+    other picks is another artifact, never the one stored for the old picks."""
+    replay = _REPLAY.get()
+    if replay is None:
+        return "-"
+    data = json.dumps(picks_to_json(replay), sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 @contextlib.contextmanager

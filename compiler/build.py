@@ -15,7 +15,7 @@ import copy
 import dataclasses
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,12 +174,33 @@ def build_profiling_twin(
     layers."""
     if recipe.backend.kind != "inductor":
         return None
+    with _as_twin(model, recipe, calibration, cache):
+        twin = build(model, recipe, calibration=calibration, example=example, cache=cache)
+    return twin if twin.kernel_layers is not None and twin.artifact is not None else None
+
+
+def profiling_twin_digest(
+    model: nn.Module, recipe: Recipe, calibration: Sequence[Example], cache: CompileCache
+) -> str | None:
+    """The artifact digest :func:`build_profiling_twin` would store the twin under now (its
+    key includes the variant's picks it replays), or None where it builds none: a stored
+    twin of another digest was built for other kernels than the variant's."""
+    if recipe.backend.kind != "inductor":
+        return None
+    with _as_twin(model, recipe, calibration, cache):
+        return cache_key(model, recipe, calibration).digest
+
+
+@contextlib.contextmanager
+def _as_twin(
+    model: nn.Module, recipe: Recipe, calibration: Sequence[Example], cache: CompileCache
+) -> Iterator[None]:
+    """Kernel events on, and the picks of the variant's stored artifact replayed."""
     from compiler._autotune_picks import replaying
 
     picks = _variant_picks(model, recipe, calibration, cache)
     with kernel_events(), replaying(picks):
-        twin = build(model, recipe, calibration=calibration, example=example, cache=cache)
-    return twin if twin.kernel_layers is not None and twin.artifact is not None else None
+        yield
 
 
 def _variant_picks(

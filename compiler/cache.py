@@ -138,6 +138,11 @@ class CacheKey:
     versions: tuple[tuple[str, str], ...]
     device: str
     env: tuple[tuple[str, str], ...]
+    picks: str = "-"
+    """The GEMM picks a profiling twin replays (``compiler._autotune_picks.replay_digest``;
+    ``-``: none). Part of the digest only when set, so other keys read as before; not a
+    compatibility check (:func:`incompatible`): a serving process loads whichever twin its
+    variant's row names."""
 
     @property
     def digest(self) -> str:
@@ -146,7 +151,8 @@ class CacheKey:
     def for_graph(self) -> CacheKey:
         """The key of the saved quantized graph: kernel events change the code generated
         from that graph, not the graph, so a profiling twin starts from its variant's."""
-        return dataclasses.replace(self, env=tuple(kv for kv in self.env if kv[0] != KERNEL_ENV))
+        return dataclasses.replace(self, env=tuple(kv for kv in self.env if kv[0] != KERNEL_ENV),
+                                   picks="-")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,7 +162,7 @@ class CacheKey:
             "versions": dict(self.versions),
             "device": self.device,
             "env": dict(self.env),
-        }
+        } | ({"picks": self.picks} if self.picks != "-" else {})
 
 
 def cache_key(
@@ -171,6 +177,7 @@ def cache_key(
 ) -> CacheKey:
     """The key of building ``recipe`` on ``model``. Every keyword overrides one part (tests,
     or a caller that already has the model's fingerprint)."""
+    from compiler._autotune_picks import replay_digest
     from compiler._pt2e import GRAPH_PASSES, MAX_CALIBRATION
 
     vers = versions or {
@@ -193,6 +200,7 @@ def cache_key(
         versions=tuple(sorted(vers.items())),
         device=dev,
         env=env,
+        picks=replay_digest(),
     )
 
 

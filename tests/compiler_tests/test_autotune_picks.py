@@ -12,15 +12,26 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from compiler import Backend, CompileCache, Recipe, build, build_profiling_twin
+import store as st
+from compiler import (
+    Backend,
+    CompileCache,
+    Recipe,
+    build,
+    build_profiling_twin,
+    profiling_twin_digest,
+)
 from compiler import _autotune_picks as picks_mod
 from compiler._autotune_picks import Pick, picks_from_json
 from compiler._kernel_map import ENV
+from pgc_daemon.optimizer.search.results import TrialRecord
+from pgc_daemon.optimizer.search.twin import build_twin
 
 RECIPE = Recipe(backend=Backend("inductor", "max-autotune"))
 
@@ -82,17 +93,25 @@ def test_a_variant_records_the_kernel_each_gemm_kept(variant) -> None:
 
 
 def test_the_twin_replays_its_variants_picks_not_its_own_timings(
-        variant, tmp_path, monkeypatch) -> None:
+        variant, tmp_path, monkeypatch, store) -> None:
     """The variant's manifest is made to name the other candidate of each GEMM (what a
-    twin timed under load would keep): the twin must compile those, and its kernel events
-    show it: the library linear is called exactly where a pick names it."""
+    twin timed under load would keep, or a variant rebuilt after its artifact was pruned):
+    the twin must compile those, not load the twin stored for the old picks, and its kernel
+    events show it: the library linear is called exactly where a pick names it. The worker
+    that records twins on variants builds the new one too."""
     monkeypatch.delenv(ENV, raising=False)  # as the variant was built: its key, its picks
     model, calibration, folder, built, candidates, recorded = variant
     other = tmp_path / "cache"
     shutil.copytree(folder, other)
-    for stored in (other / "artifacts").iterdir():  # a twin built before would be loaded
-        if stored.name != built.artifact:
-            shutil.rmtree(stored)
+    search = SimpleNamespace(base=model, calibration=calibration, cache=CompileCache(other))
+    chosen = TrialRecord(number=0, state="complete", params={}, recipe=RECIPE.to_dict(),
+                         recipe_hash=RECIPE.hash, label=RECIPE.label())
+    with store.session() as s:
+        model_id = st.repo.upsert_model(s, "mlp").id
+    old = build_twin(store, model_id, search, chosen)  # for the picks the variant kept
+    assert old is not None and old == profiling_twin_digest(model, RECIPE, calibration,
+                                                            search.cache)
+    assert build_twin(store, model_id, search, chosen) is None  # stored: nothing to build
     flipped = [
         Pick(p.gemm, p.candidates, i, offered[i])
         for p, offered in zip(recorded["model0.pt2"], candidates, strict=True)
@@ -103,8 +122,10 @@ def test_the_twin_replays_its_variants_picks_not_its_own_timings(
     manifest["autotune"] = {"model0.pt2": [p.to_json() for p in flipped]}
     path.write_text(json.dumps(manifest))
 
+    new = profiling_twin_digest(model, RECIPE, calibration, CompileCache(other))
+    assert new is not None and new != old
     twin = build_profiling_twin(model, RECIPE, calibration=calibration, cache=CompileCache(other))
-    assert twin is not None and twin.kernel_layers is not None
+    assert twin is not None and twin.kernel_layers is not None and twin.artifact == new
     assert "autotune: 2 of 2 GEMM kernel choices replayed from the variant's build" \
         in twin.report.notes
     assert picks_from_json(_manifest(other, twin.artifact)["autotune"]) == {"model0.pt2": flipped}
@@ -113,6 +134,10 @@ def test_the_twin_replays_its_variants_picks_not_its_own_timings(
     library_calls = sum(len(calls) for event, calls in twin.kernel_layers.items()
                         if event.startswith("aoti_torch_cpu_"))
     assert library_calls == len(externs), twin.kernel_layers
+    assert build_twin(store, model_id, search, chosen) == new  # the stored twin was stale
+    with store.session() as s:
+        assert st.repo.get_or_create_variant(s, model_id, chosen.recipe_hash, chosen.recipe,
+                                             chosen.label).profile_artifact == new
 
 
 def test_the_twin_computes_what_its_variant_computes(variant, monkeypatch) -> None:

@@ -19,7 +19,7 @@ import logging
 import time
 
 import store as st
-from compiler import CompileCache, Recipe, build_profiling_twin
+from compiler import CompileCache, Recipe, build_profiling_twin, profiling_twin_digest
 from pgc_daemon.errors import describe
 from pgc_daemon.optimizer.search.study import Search, TrialRecord
 
@@ -31,7 +31,8 @@ def build_twin(
 ) -> str | None:
     """Build and record the profiling twin of ``chosen`` (a trial deployed); returns
     its artifact digest, or None where there is nothing to build (no choice, not a compiled
-    variant, a twin already stored) or the build failed (said in an event; the variant
+    variant, a twin already stored for the variant's kernels as its artifact now records
+    them) or the build failed (said in an event; the variant
     serves all the same, its per-layer rows are only missing)."""
     cache: CompileCache | None = search.cache
     if chosen is None or cache is None or cache.artifacts is None:
@@ -42,8 +43,9 @@ def build_twin(
             s, model_id, chosen.recipe_hash, chosen.recipe, chosen.label
         )
         variant_id, have = variant.id, variant.profile_artifact
-    if have is not None and cache.has_artifact(have):
-        return None
+    if have is not None and cache.has_artifact(have) and have == profiling_twin_digest(
+            search.base, recipe, search.calibration, cache):
+        return None  # a twin stored for the kernels the variant's artifact kept
     started = time.monotonic()
     try:
         twin = build_profiling_twin(search.base, recipe, calibration=search.calibration,
