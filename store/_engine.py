@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store._errors import StoreConfigError, StoreConflict, StoreError, StoreUnavailable
+from store._errors import NotFound, StoreConfigError, StoreConflict, StoreError, StoreUnavailable
 
 log = logging.getLogger("pgc.store")
 
@@ -53,7 +53,9 @@ class Store:
     that may meet a bad URL: it reports one readable :class:`StoreError`.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, migrate: bool = True) -> None:
+    def __init__(self, url: str = DEFAULT_URL, *, migrate: bool = True, create: bool = True) -> None:
+        """``create=False``: a SQLite file that does not exist is :class:`NotFound`, not made
+        (a command that reads or changes what serves, run in the wrong folder)."""
         self.url = url
         try:
             parsed = make_url(url)
@@ -65,6 +67,8 @@ class Store:
                 f"unsupported store {self.dialect!r}: use sqlite:/// or postgresql://"
             )
         path = self.sqlite_path
+        if path is not None and not create and not path.exists():
+            raise NotFound(f"no pgc store at {path} (no such file)")
         if path is not None:
             private_file(path)
         self.engine: Engine = _make_engine(url, self.dialect)
@@ -206,8 +210,8 @@ class Store:
         self.engine.dispose()
 
 
-def open_store(url: str = DEFAULT_URL, *, migrate: bool = True) -> Store:
-    return Store(url, migrate=migrate)
+def open_store(url: str = DEFAULT_URL, *, migrate: bool = True, create: bool = True) -> Store:
+    return Store(url, migrate=migrate, create=create)
 
 
 def begin_immediate(session: Session) -> bool:

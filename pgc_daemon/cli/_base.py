@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pgc_daemon.errors import UsageError
 from pgc_daemon.settings import Settings
+
+if TYPE_CHECKING:
+    from store import Store
 
 __all__ = [
     "EXIT_FAILED",
@@ -17,6 +21,7 @@ __all__ = [
     "add_token_option",
     "backends_from",
     "clip",
+    "existing_store",
     "settings_from",
 ]
 
@@ -74,3 +79,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if updates.get("api_token_file"):
         updates["api_token"] = None  # the file named on the command line wins over PGC_API_TOKEN
     return Settings().model_copy(update=updates)
+
+
+def existing_store(args: argparse.Namespace) -> Store:
+    """The store of the options (``--store``, PGC_STORE_URL, else ``sqlite:///pgc.db`` here)
+    for a command that reads or changes what serves: a SQLite file that is not there is a
+    usage error, not a new empty store (``pgc status`` in the wrong folder listed no models
+    and left a ``pgc.db`` behind)."""
+    import store as st  # noqa: PLC0415
+
+    try:
+        return st.open_store(settings_from(args).store_url, create=False)
+    except st.NotFound as exc:
+        raise UsageError(f"{exc}: `pgc serve` or `pgc demo` makes one in the folder it runs "
+                         "in; --store or PGC_STORE_URL names another") from None

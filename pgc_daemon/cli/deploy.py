@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pgc_daemon.cli._base import UsageError, add_store_option, settings_from
+from pgc_daemon.cli._base import UsageError, add_store_option, existing_store
 from pgc_daemon.cli._outcome import add_outcome_options, report
 
 ORDER = 50
@@ -42,10 +42,9 @@ def _recipe(text: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import store as st  # noqa: PLC0415
     from pgc_daemon.services.deployments import request_deploy  # noqa: PLC0415
 
-    store = st.open_store(settings_from(args).store_url)
+    store = existing_store(args)
     recipe = _recipe(args.recipe) if args.recipe else None
     with store.session() as s:
         dep = request_deploy(s, args.model, variant_id=args.variant, recipe=recipe, reason=args.reason)

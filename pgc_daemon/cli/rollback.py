@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pgc_daemon.cli._base import add_store_option, settings_from
+from pgc_daemon.cli._base import add_store_option, existing_store
 from pgc_daemon.cli._outcome import add_outcome_options, report
 
 ORDER = 51
@@ -21,10 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import store as st  # noqa: PLC0415
     from pgc_daemon.services.deployments import request_rollback  # noqa: PLC0415
 
-    store = st.open_store(settings_from(args).store_url)
+    store = existing_store(args)
     with store.session() as s:
         dep_id = request_rollback(s, args.model, reason=args.reason).id
     return report(args, store, dep_id)

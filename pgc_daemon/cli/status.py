@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pgc_daemon.cli._base import add_store_option, settings_from
+from pgc_daemon.cli._base import add_store_option, existing_store
 
 ORDER = 30
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import store as st
     from pgc_daemon.services.queries import model_summary
 
-    store = st.open_store(settings_from(args).store_url)
+    store = existing_store(args)
     with store.session() as s:
         models = [st.repo.get_model(s, args.model)] if args.model else list(st.repo.list_models(s))
         summaries = [model_summary(s, m) for m in models]

@@ -49,6 +49,35 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], tmp_path: Path) -> No
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["rollback", "minilm"],
+                                  ["cancel", "minilm", "1"], ["deploy", "minilm", "--variant", "1"]])
+def test_a_command_on_what_serves_in_a_folder_without_a_store_says_so_and_makes_none(
+        args: list[str], tmp_path: Path) -> None:
+    """``pgc status`` in the wrong folder listed no models (exit 0) and left an empty
+    ``pgc.db`` there; the commands that read or change what serves now name the file they
+    looked for and create nothing."""
+    out = pgc(*args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and f"no pgc store at {tmp_path / 'pgc.db'}" in lines[0], lines
+    assert not list(tmp_path.iterdir())
+    other = tmp_path / "elsewhere.db"
+    assert pgc(*args, "--store", f"sqlite:///{other}", cwd=tmp_path).returncode == 2
+    assert not list(tmp_path.iterdir())
+
+
+def test_status_reads_the_store_a_server_made(tmp_path: Path) -> None:
+    import store as st
+
+    made = st.open_store(f"sqlite:///{tmp_path / 'pgc.db'}")
+    with made.session() as s:
+        st.repo.upsert_model(s, "mini")
+    made.close()
+    out = pgc("status", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert [m["name"] for m in json.loads(out.stdout.strip().splitlines()[-1])["models"]] == ["mini"]
+
+
 def test_bad_input_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
     """Checking the arguments takes no torch, model or API imports (seconds on 2 cores)."""
     script = ("import contextlib, io, json, sys\n"
