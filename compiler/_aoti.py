@@ -206,6 +206,8 @@ class PackageRunner:
         self.copy_inputs = copy_inputs
         allow_amx()
         self.native = NativePackage(path) if plain_package(path) else None
+        #: constants copied to aligned memory at load (``NativePackage.align_constants``)
+        self.aligned = self.native.align_constants() if self.native is not None else (0, 0)
         self.loader = None if self.native is not None else _package_loader(path)
         spec = self.native.call_spec if self.native is not None else self.loader.get_call_spec()
         in_spec, out_spec = (loads_spec(s) for s in spec)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compiler._aoti_native import NativePackage
+from compiler._aoti_native import NativePackage, constant_nbytes
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def share_weights(twin: nn.Module, variant: nn.Module) -> SharedWeights:
             other = theirs.get(fqn)
             if other is not None and _equal(own, other[1]):
                 use[name] = other[1]
-                shared_bytes += _nbytes(own)
+                shared_bytes += constant_nbytes(own)
             else:
                 kept += 1
         if use:
@@ -87,8 +87,3 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     except (RuntimeError, NotImplementedError):
         return False
 
-
-def _nbytes(t: torch.Tensor) -> int:
-    if t.layout == torch.strided:
-        return t.untyped_storage().nbytes()
-    return t.numel() * t.element_size()
