@@ -30,6 +30,7 @@ import tempfile
 import threading
 import weakref
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -152,6 +153,7 @@ class NativePackage:
                "model container creation")
         self._handle = handle.value
         self._borrowed: list[tuple[object, list[torch.Tensor], list[object]]] = []
+        self._aligned = False
         self._finalizer = weakref.finalize(self, _release, lib, self._handle, folder)
         outputs = ctypes.c_size_t()
         _check(lib.AOTInductorModelContainerGetNumOutputs(self._handle, ctypes.byref(outputs)), "GetNumOutputs")
@@ -191,20 +193,24 @@ class NativePackage:
             if not folded.value:
                 own = (name.value or b"").decode()
                 names.setdefault((fqn.value or b"").decode(), []).append(own)
+        return {fqn: (names[fqn][0], tensor) for fqn, tensor in self._entries()
+                if len(names.get(fqn, ())) == 1}
+
+    def _entries(self) -> list[tuple[str, torch.Tensor]]:
+        """Every entry of the container's constant map: (FQN, a tensor aliasing it)."""
+        lib, h = self._lib, self._handle
+        _set_types(lib)
         entries, count = ctypes.POINTER(_ConstantEntry)(), ctypes.c_size_t()
         _check(lib.AOTInductorModelContainerExtractConstantsMapEntries(
             h, ctypes.byref(entries), ctypes.byref(count), False), "ExtractConstantsMapEntries")
-        out = {}
+        out = []
         for i in range(count.value):
-            fqn = (entries[i].name or b"").decode()
-            if len(names.get(fqn, ())) != 1:
-                continue
             alias = ctypes.c_void_p()
             _check(_torch_lib.aoti_torch_new_tensor_handle(entries[i].handle, ctypes.byref(alias)),
                    "new tensor handle")
-            tensor = torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(
-                _api.PyCapsule_New(alias.value, None, None))
-            out[fqn] = (names[fqn][0], tensor)
+            out.append(((entries[i].name or b"").decode(),
+                        torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(
+                            _api.PyCapsule_New(alias.value, None, None))))
         return out
 
     def use_constants(self, tensors: dict[str, torch.Tensor], owner: object) -> None:
@@ -224,25 +230,30 @@ class NativePackage:
         self._borrowed.append((owner, list(tensors.values()), capsules))
 
     def align_constants(self) -> tuple[int, int]:
-        """Give the library copies at :data:`ALIGNMENT` of the constants that sit off it in
-        its data section; returns (constants moved, their bytes). A package's weights lie
-        in its library where the linker put the blob, 16 bytes past a cache line for every
-        int8 weight of a ResNet-18 package (torch 2.13, oneDNN's prepacked AMX layouts):
-        each of oneDNN's 64-byte weight loads then spans two lines, and the package ran
-        2.30-2.37 ms a call where the same package with its weights copied (aligned) ran
-        1.80-1.86 (2-core Xeon with AMX). Which builds came out aligned was chance, so a
-        process that built a package was fast about half the time, and every process that
-        loaded the stored one was slow. The copies are the process's own memory; the
-        library's originals are file-backed pages the kernel can drop."""
+        """Give the library copies at :data:`ALIGNMENT` of the constants that sit off it;
+        returns (constants moved, their bytes). Once per package (later calls move nothing).
+
+        The library copies its constants into one ``malloc``'d block when the container is
+        made, and glibc returns a block that large 16 bytes past a page: every weight then
+        sat 16 bytes off a cache line (all 83 of a ResNet-18 int8 package, torch 2.13), each
+        of oneDNN's 64-byte weight loads spanned two lines, and the package ran 2.30-2.37 ms
+        a call where the same package with its weights copied aligned ran 1.80-1.86 (2-core
+        Xeon with AMX). The originals' pages are given back (:func:`free_pages`: whole pages
+        of moved constants that no constant the library still reads touches), so the copies
+        cost no memory (MiniLM int8 static: 58 MB of constants)."""
+        if self._aligned:
+            return 0, 0
+        self._aligned = True
         old = {name: t for name, t in self.constants().values() if _address(t) % ALIGNMENT}
         if not old:
             return 0, 0
         moved = {name: t.clone() for name, t in old.items()}
         self.use_constants(moved, owner=moved)
         spans = [(_address(t), constant_nbytes(t)) for t in old.values()]
-        del old  # the library's own tensors over the blob: nothing reads them from here on
-        for address, size in spans:
-            _discard(address, size)
+        del old  # the library's tensors over its block: what it reads now is in _entries
+        keep = [(_address(t), constant_nbytes(t)) for _, t in self._entries()]
+        for start, end in free_pages(spans, keep, _PAGE):
+            _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
         return len(moved), sum(constant_nbytes(t) for t in moved.values())
 
     def close(self) -> None:
@@ -251,21 +262,35 @@ class NativePackage:
 
 #: the alignment a package's constants get (a cache line; oneDNN allocates its own at 64)
 ALIGNMENT = 64
-#: ``madvise`` advice: free these pages (read again as zeros)
+#: ``madvise`` advice: free these pages (read again as zeros; see :func:`free_pages`)
 _MADV_DONTNEED = 4
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _discard(address: int, size: int) -> None:
-    """Give back the whole pages of ``[address, address + size)``: a constant the library
-    reads no more (its constant map holds the aligned copy), in the blob it copied its
-    weights into when it loaded (heap memory, as large as the weights, kept until the
-    package is let go of). Only pages wholly inside the constant's bytes, which nothing else
-    shares; where the kernel refuses, nothing changes."""
-    start = -(-address // _PAGE) * _PAGE
-    end = (address + size) // _PAGE * _PAGE
-    if end > start:
-        _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+def free_pages(spans: Sequence[tuple[int, int]], keep: Sequence[tuple[int, int]],
+               page: int) -> list[tuple[int, int]]:
+    """The page ranges ``[start, end)`` wholly inside the ``(address, size)`` spans that no
+    span of ``keep`` touches (a constant the library still reads, aliasing or beside a moved
+    one), merged: what can be given back without changing what anything reads."""
+    kept = sorted((a // page * page, -(-(a + n) // page) * page) for a, n in keep if n > 0)
+    out: list[tuple[int, int]] = []
+    for address, size in sorted(spans):
+        start, end = -(-address // page) * page, (address + size) // page * page
+        for k0, k1 in kept:
+            if k1 <= start or k0 >= end:
+                continue
+            if k0 > start:
+                out.append((start, k0))
+            start = max(start, k1)
+        if end > start:
+            out.append((start, end))
+    merged: list[tuple[int, int]] = []
+    for start, end in out:
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _address(t: torch.Tensor) -> int:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from compiler._aoti import PackageRunner, _package_loader, compile_package
-from compiler._aoti_native import ALIGNMENT, NativePackage, _address, plain_package
+from compiler._aoti_native import ALIGNMENT, NativePackage, _address, free_pages, plain_package
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +177,19 @@ def test_weights_shared_after_alignment_keep_the_other_copies_alive(
     with torch.inference_mode():
         assert torch.equal(twin.run([x])[0], variant.run([x])[0])
     del junk
+
+
+def test_only_pages_no_kept_constant_touches_are_given_back() -> None:
+    page = 4096
+    moved = [(16, 3 * page), (5 * page + 16, 4 * page)]  # 16 bytes past a page, as glibc does
+    # nothing kept: the whole pages inside each moved span
+    assert free_pages(moved, [], page) == [(page, 3 * page), (6 * page, 9 * page)]
+    # a kept constant inside the second span (an alias, or a neighbour the library still
+    # reads) keeps the pages it touches
+    kept = [(7 * page + 100, 200)]
+    assert free_pages(moved, kept, page) == [(page, 3 * page), (6 * page, 7 * page),
+                                             (8 * page, 9 * page)]
+    # adjacent spans merge; a span under a page frees nothing
+    assert free_pages([(0, page), (page, page)], [], page) == [(0, 2 * page)]
+    assert free_pages([(100, page - 200)], [], page) == []
+
