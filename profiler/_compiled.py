@@ -225,8 +225,10 @@ class KernelTimer:
             return []
         out: list[tuple[Any, ...]] = [(layer, op, v, None) for (layer, op), v in ms.items()]
         call_ms = raw.call_ms
-        if call_ms is not None and call_ms > kernel_total:
-            out.append((BETWEEN, "wrapper", call_ms - kernel_total, None))
+        if call_ms is not None:  # every call has the row (0 where the profiler's cost taken
+            # out left less than its kernels: left out, the row's mean counted only the
+            # calls where the wrapper read long, and its count fell behind the kernels')
+            out.append((BETWEEN, "wrapper", max(call_ms - kernel_total, 0.0), None))
         return out
 
 
