@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._paired import bootstrap_ci  # noqa: E402
 from bench.threads import cpu_isa  # noqa: E402
 from compiler import Backend, CompileCache, Quantization, Recipe, build, load_artifact  # noqa: E402
-from compiler._aoti_native import ALIGNMENT, NativePackage, _address  # noqa: E402
+from compiler._aoti_native import ALIGNMENT, NativePackage, constant_address  # noqa: E402
 from compiler.hardware import probe  # noqa: E402
 
 CALLS_PER_ROUND = 10
@@ -72,7 +72,7 @@ def _natives(module: Any) -> list[NativePackage]:
 
 def _off_line(module: Any) -> int:
     return sum(1 for pkg in _natives(module) for _, t in pkg.constants().values()
-               if _address(t) % ALIGNMENT)
+               if constant_address(t) % ALIGNMENT)
 
 
 def measure(name: str, rounds: int, folder: Path) -> dict[str, Any]:

@@ -224,9 +224,9 @@ class NativePackage:
         _set_types(self._lib)
         _check(self._lib.AOTInductorModelContainerUpdateUserManagedConstantBufferPairs(
             self._handle, pairs, len(tensors), False, False), "UpdateUserManagedConstantBuffer")
-        # the container holds the handles, not references: they live as long as this does,
-        # every call's (a twin shares its variant's weights after aligning its own: the
-        # copies it keeps must outlive the second call)
+        # every set given lives as long as this package (a twin aligns its own weights, then
+        # reads some of its variant's): what the library reads must not rest on whether its
+        # handles keep references
         self._borrowed.append((owner, list(tensors.values()), capsules))
 
     def align_constants(self) -> tuple[int, int]:
@@ -244,14 +244,15 @@ class NativePackage:
         if self._aligned:
             return 0, 0
         self._aligned = True
-        old = {name: t for name, t in self.constants().values() if _address(t) % ALIGNMENT}
+        old = {name: t for name, t in self.constants().values()
+               if constant_address(t) % ALIGNMENT}
         if not old:
             return 0, 0
         moved = {name: t.clone() for name, t in old.items()}
         self.use_constants(moved, owner=moved)
-        spans = [(_address(t), constant_nbytes(t)) for t in old.values()]
+        spans = [(constant_address(t), constant_nbytes(t)) for t in old.values()]
         del old  # the library's tensors over its block: what it reads now is in _entries
-        keep = [(_address(t), constant_nbytes(t)) for _, t in self._entries()]
+        keep = [(constant_address(t), constant_nbytes(t)) for _, t in self._entries()]
         for start, end in free_pages(spans, keep, _PAGE):
             _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
         return len(moved), sum(constant_nbytes(t) for t in moved.values())
@@ -293,8 +294,8 @@ def free_pages(spans: Sequence[tuple[int, int]], keep: Sequence[tuple[int, int]]
     return merged
 
 
-def _address(t: torch.Tensor) -> int:
-    """Where a tensor's data starts (oneDNN's opaque tensors through ``mkldnn.data_ptr``)."""
+def constant_address(t: torch.Tensor) -> int:
+    """Where a constant's data starts (oneDNN's opaque tensors through ``mkldnn.data_ptr``)."""
     if t.layout == torch._mkldnn:  # type: ignore[attr-defined]
         return int(torch.ops.mkldnn.data_ptr(t))
     return t.data_ptr()

@@ -53,7 +53,9 @@ class Store:
     that may meet a bad URL: it reports one readable :class:`StoreError`.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, migrate: bool = True, create: bool = True) -> None:
+    def __init__(
+        self, url: str = DEFAULT_URL, *, migrate: bool = True, create: bool = True
+    ) -> None:
         """``create=False``: a SQLite file that does not exist is :class:`NotFound`, not made
         (a command that reads or changes what serves, run in the wrong folder)."""
         self.url = url

@@ -17,7 +17,13 @@ import torch
 from torch import nn
 
 from compiler._aoti import PackageRunner, _package_loader, compile_package
-from compiler._aoti_native import ALIGNMENT, NativePackage, _address, free_pages, plain_package
+from compiler._aoti_native import (
+    ALIGNMENT,
+    NativePackage,
+    constant_address,
+    free_pages,
+    plain_package,
+)
 
 
 @pytest.fixture(scope="module")
@@ -139,13 +145,13 @@ def test_a_loaded_packages_weights_are_moved_onto_cache_lines(
     computing the same outputs."""
     path, _, x = package
     raw = NativePackage(path)
-    off = {fqn for fqn, (_, t) in raw.constants().items() if _address(t) % ALIGNMENT}
+    off = {fqn for fqn, (_, t) in raw.constants().items() if constant_address(t) % ALIGNMENT}
     assert off  # the weights as the library leaves them
     runner = PackageRunner(path)
     assert runner.aligned[0] == len(off)
     assert runner.aligned[1] >= 2 * 2048 * 2048 * 4
     assert not [fqn for fqn, (_, t) in runner.native.constants().items()
-                if _address(t) % ALIGNMENT]
+                if constant_address(t) % ALIGNMENT]
     with torch.inference_mode():
         assert torch.equal(runner((x,), {}), raw.run([x])[0])
 

@@ -49,8 +49,9 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], tmp_path: Path) -> No
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["rollback", "minilm"],
-                                  ["cancel", "minilm", "1"], ["deploy", "minilm", "--variant", "1"]])
+@pytest.mark.parametrize("args", [
+    ["status"], ["status", "--json"], ["rollback", "minilm"], ["cancel", "minilm", "1"],
+    ["deploy", "minilm", "--variant", "1"]])
 def test_a_command_on_what_serves_in_a_folder_without_a_store_says_so_and_makes_none(
         args: list[str], tmp_path: Path) -> None:
     """``pgc status`` in the wrong folder listed no models (exit 0) and left an empty
@@ -75,7 +76,8 @@ def test_status_reads_the_store_a_server_made(tmp_path: Path) -> None:
     made.close()
     out = pgc("status", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert [m["name"] for m in json.loads(out.stdout.strip().splitlines()[-1])["models"]] == ["mini"]
+    models = json.loads(out.stdout.strip().splitlines()[-1])["models"]
+    assert [m["name"] for m in models] == ["mini"]
 
 
 def test_bad_input_is_refused_before_torch_is_imported(tmp_path: Path) -> None:

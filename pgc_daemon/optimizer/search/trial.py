@@ -280,9 +280,8 @@ def _compiled_without_artifact(variant: Any, cache: CompileCache | None) -> str 
     to export, compile or pass its output check, and ``torch.compile`` stood in) is not
     deployed, nor timed. Only a search whose cache shares artifacts with serving processes
     (the live one) asks; offline the variant serves where it was built."""
-    if cache is None or cache.artifacts is None or variant.artifact is not None:
-        return None
-    if not variant.report.compiled:
+    if cache is None or cache.artifacts is None or variant.artifact is not None \
+            or not variant.report.compiled:
         return None
     why = next((n for n in variant.report.notes if n.startswith("AOTInductor package not")),
                "no artifact was saved")
