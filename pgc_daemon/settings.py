@@ -127,10 +127,12 @@ class Settings(BaseSettings):
         return private_dir(self.artifact_dir) if self.artifact_dir else None
 
     def token_path(self) -> Path:
-        """Where the API token is kept: ``api_token_file``, else ``<work_dir>/token``."""
+        """Where the API token is kept: ``api_token_file``, else ``<work_dir>/token``. Makes
+        no folder: reading a token (every client command does) leaves none behind where
+        there is none; :meth:`load_token` makes the work dir when it creates the token."""
         if self.api_token_file:
             return Path(self.api_token_file).expanduser()
-        return self.work_path() / "token"
+        return Path(self.work_dir).expanduser() / "token"
 
     def load_token(self, *, create: bool = False) -> tuple[str | None, bool]:
         """The API token and whether this call created it: ``api_token`` (PGC_API_TOKEN) if
@@ -143,6 +145,7 @@ class Settings(BaseSettings):
         path = self.token_path()
         created = False
         if create and not self.api_token_file:
+            self.work_path()  # created private, or refused when others may write to it
             token = secrets.token_urlsafe(32)
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

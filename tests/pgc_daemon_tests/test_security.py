@@ -277,8 +277,10 @@ def test_pgc_token_prints_the_token_file(tmp_path: Path) -> None:
     env.update(PGC_WORK_DIR=str(tmp_path / "work"))
     missing = _pgc("token", env=env)
     assert missing.returncode == 1 and "pgc serve" in missing.stderr
+    assert not (tmp_path / "work").exists()  # asking for a token makes no work folder
     made = _pgc("token", "--create", env=env)
     token = (tmp_path / "work" / "token").read_text().strip()
+    assert stat.S_IMODE((tmp_path / "work").stat().st_mode) == 0o700
     assert made.returncode == 0 and made.stdout.strip() == token
     assert _pgc("token", env=env).stdout.strip() == token
     assert _pgc("token", env={**env, "PGC_API_TOKEN": "from-env"}).stdout.strip() == "from-env"
