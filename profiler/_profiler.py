@@ -740,13 +740,19 @@ class Profiler:
             "exported": self._exporter.exported if self._exporter is not None else 0,
             "export_failures": self.export_failures,
             "counters": counters.availability.summary() if counters is not None
-            else (self._counters_reason or "not started (no model watched yet)"),
+            else (self._counters_reason or self._counters_unused()),
             "gpu": self.gpu_reason or ("CUDA events" if any(
                 t.gpu is not None for t in list(self._timers.values())) else "no CUDA module watched"),
             "cupti": self.cupti_reason or ("on" if self._tracer is not None else "not in use"),
             "host_samples": self._host.samples if self._host is not None else 0,
             "hooks": self._hooks_status(),
         }
+
+    def _counters_unused(self) -> str:
+        """Why no counters were opened though they are on: they are read per hooked layer."""
+        if self._timers:  # compiled modules only: their layers are timed from their kernels
+            return "not used (compiled variants' layers are timed from their kernels)"
+        return "not started (no model watched yet)"
 
     def _hooks_status(self) -> str:
         """How sampled calls are timed: through hook twins, or why not."""

@@ -167,6 +167,17 @@ def test_per_layer_counter_deltas_reach_the_window_rows() -> None:
     prof.stop()
 
 
+def test_the_status_says_why_a_compiled_variant_has_no_counters() -> None:
+    # counters are read per hooked layer; a module timed from its kernels opens none, and the
+    # status said "no model watched yet" while one was
+    prof = Profiler(ProfilerConfig(host_interval_s=None))
+    assert prof.status()["counters"] == "not started (no model watched yet)"
+    prof.watch(nn.Linear(4, 4), kernels={"aten::linear": [[""]]})
+    assert prof.status()["counters"].startswith("not used (compiled variants' layers")
+    prof.watch(nn.Sequential(nn.Linear(4, 4)))  # a hooked model opens them
+    assert not prof.status()["counters"].startswith(("not used", "not started"))
+
+
 def test_layer_timer_takes_any_counter_source() -> None:
     class Ticks:
         def __init__(self) -> None:
