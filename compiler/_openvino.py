@@ -161,10 +161,12 @@ def convert(module: nn.Module, example: Example) -> Converted:
     return Converted(model, got if set(got) == set(names) else names, spec)
 
 
-def compile_config(mode: BackendMode, threads: int) -> dict[str, Any]:
+def compile_config(mode: BackendMode, threads: int, counters: bool = False) -> dict[str, Any]:
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if mode is BackendMode.F32:
         config["INFERENCE_PRECISION_HINT"] = "f32"
+    if counters:  # OpenVINO times every node of every call: for profiling copies only
+        config["PERF_COUNT"] = True
     return config
 
 
@@ -172,11 +174,12 @@ class OvModule(nn.Module):
     """An OpenVINO compiled model that is called like the module it was converted from."""
 
     def __init__(
-        self, model: Any, input_names: list[str], out_spec: Any, mode: BackendMode, threads: int
+        self, model: Any, input_names: list[str], out_spec: Any, mode: BackendMode, threads: int,
+        counters: bool = False,
     ) -> None:
         super().__init__()
-        self.compiled = core().compile_model(model, "CPU", compile_config(mode, threads))
-        self.model, self.mode, self.threads = model, mode, threads
+        self.compiled = core().compile_model(model, "CPU", compile_config(mode, threads, counters))
+        self.model, self.mode, self.threads, self.counters = model, mode, threads, counters
         self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string())
         self.input_names = input_names
         self.signature: inspect.Signature | None = None
@@ -186,9 +189,26 @@ class OvModule(nn.Module):
     def at_threads(self, threads: int) -> OvModule:
         """The same model compiled again for ``threads`` inference threads (at one, OpenVINO
         computes on the calling thread)."""
-        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, threads)
+        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, threads,
+                         self.counters)
         other.signature = self.signature
         return other
+
+    def with_counters(self) -> OvModule:
+        """The same model compiled again with OpenVINO's per-node counters (``PERF_COUNT``),
+        for a per-layer profile (:meth:`node_times`, ``compiler._openvino_layers``)."""
+        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, self.threads,
+                         counters=True)
+        other.signature = self.signature
+        return other
+
+    def node_times(self) -> list[tuple[str, int, str]]:
+        """``(node, ns, "type (implementation)")`` per node the calling thread's last call
+        executed (compiled :meth:`with_counters`; nodes fused away or not run are left out)."""
+        executed = openvino().ProfilingInfo.Status.EXECUTED
+        return [(p.node_name, int(p.real_time.total_seconds() * 1e9),
+                 f"{p.node_type} ({p.exec_type})")
+                for p in self._request().get_profiling_info() if p.status == executed]
 
     def _request(self) -> Any:
         req = getattr(self._local, "request", None)

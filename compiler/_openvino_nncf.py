@@ -50,7 +50,7 @@ def module_of(node_name: str, leaves: set[str]) -> str:
     return head if head in leaves else ""
 
 
-def _producers(model: nn.Module, example: Example) -> dict[str, str]:
+def producers(model: nn.Module, example: Example) -> dict[str, str]:
     """Leaf module -> the leaf module whose output it took as input (a BatchNorm -> its conv)."""
     made: dict[int, str] = {}
     kept: list[torch.Tensor] = []  # alive until the end, so no id is reused
@@ -91,7 +91,7 @@ def node_layers(ov_model: Any, model: nn.Module, example: Example) -> dict[str, 
                 by_layer.setdefault(layer, []).append(op.get_friendly_name())
             else:
                 unnamed.append(op)
-    fed = _producers(model, example) if unnamed else {}
+    fed = producers(model, example) if unnamed else {}
     for op in unnamed:
         targets = op.output(0).get_target_inputs()
         users = {module_of(t.get_node().get_friendly_name(), leaves) for t in targets}

@@ -201,6 +201,10 @@ class KernelTimer:
                      for e in raw.trace.kineto_results.events()]
         raw.overhead_ns = self._fixed_ns + len(raw.trace) * self._event_ns + self._twin_ns
 
+    def label(self, kernel: str) -> str:
+        """What a kernel's rows give as their op type: its name."""
+        return kernel
+
     def results(self, raw: RawCall | None = None, gpu_ms: Any = None,
                 kernels: Any = None) -> list[tuple[Any, ...]]:
         """(layer, op type, milliseconds, None) per layer, plus ``(between kernels)``."""
@@ -218,7 +222,7 @@ class KernelTimer:
             kernel_total += net
             for layer in layers:
                 others = [x for x in layers if x != layer]
-                op = _op_type(name, others)
+                op = _op_type(self.label(name), others)
                 key = (layer, op)
                 ms[key] = ms.get(key, 0.0) + net / len(layers)
         if not ms:
@@ -230,6 +234,51 @@ class KernelTimer:
             # calls where the wrapper read long, and its count fell behind the kernels')
             out.append((BETWEEN, "wrapper", max(call_ms - kernel_total, 0.0), None))
         return out
+
+
+class NodeTimer(KernelTimer):
+    """Times a compiled module that times its own nodes (an OpenVINO model compiled with
+    ``PERF_COUNT``): after a sampled call, ``module.node_times()`` gives ``(node, ns, label)``
+    for every node it executed, in order, on the calling thread (read in ``end``, on the
+    serving thread). Rows as :class:`KernelTimer`'s: a node's time split over the layers it
+    was made from (``node_layers``, the kernel map's shape), the rest of the call (the runtime
+    between nodes, the module's own Python) as ``(between kernels)``. No trace runs, so there
+    is no recording cost to take out; the counters' own cost is in every call of such a
+    module, which is why only a profiling copy is compiled with them."""
+
+    def __init__(self, module: nn.Module,
+                 node_layers: Mapping[str, Sequence[Sequence[str]]]) -> None:
+        super().__init__(module, node_layers)
+        self._fixed_ns = self._event_ns = 0
+        self._armed = False
+        self.labels: dict[str, str] = {}
+
+    def attach(self, counters: bool = False) -> None:  # noqa: ARG002 - no counters per node
+        self._seq += 1
+        self._armed = True
+
+    def calibrate(self, twin: Callable[[], Any], variant: Callable[[], Any],
+                  repeats: int = 12) -> int:
+        """Nothing to calibrate: no trace runs inside a sampled call."""
+        return 0
+
+    def detach(self) -> None:
+        if self._armed:
+            self._armed = False
+            self._last = self.target.node_times()
+
+    def count_events(self, raw: RawCall) -> None:
+        """The nodes, laid end to end as events (the counters give durations, not starts)."""
+        events, t = [], 0
+        for name, ns, label in raw.trace:
+            events.append((name, t, t + ns, 0))
+            self.labels[name] = label
+            t += ns
+        raw.trace, raw.overhead_ns = events, 0
+
+    def label(self, kernel: str) -> str:
+        """A node's type and implementation (``Convolution (brgconv_avx512_amx_I8)``)."""
+        return self.labels.get(kernel, kernel)
 
 
 def _outermost_kernels(

@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help="profile this variant instead of the fp32 model (a recipe as the API and `pgc "
         "deploy` show it); a compiled (AOTInductor) variant is profiled through its kernels, "
-        "split over the layers each was generated from",
+        "an OpenVINO one through OpenVINO's per-node counters, split over the layers each "
+        "kernel or node was made from",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
@@ -80,9 +81,11 @@ def _variant(args: argparse.Namespace, model: Any, examples: list[Any]) -> tuple
         recipe = Recipe.from_json(args.recipe)
     except Exception as exc:  # noqa: BLE001 - the user's text
         raise UsageError(f"--recipe: not a recipe: {type(exc).__name__}: {exc}") from None
+    if recipe.backend.kind == "openvino":
+        return _openvino_variant(recipe, model, examples)
     if recipe.backend.kind not in ("eager", "inductor"):
         raise UsageError(f"--recipe: {recipe.label()} has no per-layer view (its backend runs "
-                         "outside torch; eager and AOTInductor variants have one)")
+                         "outside torch; eager, AOTInductor and OpenVINO variants have one)")
     from compiler._kernel_map import kernel_events  # noqa: PLC0415
 
     print(f"pgc profile: building {recipe.label()}", file=sys.stderr, flush=True)
@@ -95,6 +98,25 @@ def _variant(args: argparse.Namespace, model: Any, examples: list[Any]) -> tuple
         raise UsageError(f"--recipe: {recipe.label()} was compiled without a kernel map (not as "
                          "an AOTInductor package): no per-layer view")
     return built.module, built.kernel_layers, recipe.label()
+
+
+def _openvino_variant(recipe: Any, model: Any, examples: list[Any]) -> tuple[Any, Any, str]:
+    """An OpenVINO variant, compiled again with OpenVINO's per-node counters, and which layers
+    each of its nodes computes (``compiler._openvino_layers``)."""
+    from compiler import BuildError, build  # noqa: PLC0415
+    from compiler._openvino import OvModule  # noqa: PLC0415
+    from compiler._openvino_layers import node_layers  # noqa: PLC0415
+
+    print(f"pgc profile: building {recipe.label()}", file=sys.stderr, flush=True)
+    try:
+        built = build(model, recipe, calibration=examples[:8], example=examples[0])
+    except BuildError as exc:
+        raise UsageError(f"--recipe: {exc}") from None
+    if not isinstance(built.module, OvModule):
+        raise UsageError(f"--recipe: {recipe.label()} serves through a wrapper around "
+                         "OpenVINO (shape buckets): no per-layer view")
+    counted = built.module.with_counters()
+    return counted, node_layers(counted.compiled, model, examples[0]), recipe.label()
 
 
 def _to(value: Any, device: str) -> Any:

@@ -110,6 +110,95 @@ def test_nncf_quantizes_the_recipes_int8_layers_and_keeps_named_layers_out(
     assert fidelity("top1", outputs(cnn_spec["model"], test), outputs(built.module, test)) >= 0.97
 
 
+def test_a_node_belongs_to_the_module_it_ran_in_or_the_nearest_one_that_is_a_module() -> None:
+    from compiler._openvino_layers import module_path
+
+    modules = {"features", "features.0", "head.1"}
+    conv = "__module.features.0/aten::_convolution/Convolution"
+    assert module_path(conv, modules) == "features.0"
+    assert module_path("__module.features.0.inner/aten::add/Add", modules) == "features.0"
+    linear = "__module.head.1/aten::linear/MatMul/DequantizationMultiply"
+    assert module_path(linear, modules) == "head.1"
+    assert module_path("input/fq_output_0", modules) == ""  # the input's quantization
+    assert module_path("__module.other/aten::relu/Relu", modules) == ""
+
+
+@needs_openvino
+def test_each_node_of_an_int8_variant_maps_to_the_layers_it_was_made_from(
+    cnn_spec: dict[str, Any],
+) -> None:
+    """OpenVINO fuses each convolution with its BatchNorm and ReLU, and NNCF renames the
+    convolutions it quantizes: the node still names all three, convolution first."""
+    from compiler._openvino_layers import ROOT, node_layers
+
+    test = examples(cnn_spec, 8)
+    built = build(cnn_spec["model"], INT8, calibration=test)
+    counted = built.module.with_counters()
+    nodes = node_layers(counted.compiled, cnn_spec["model"], test[0])
+    by_first = {layers[0][0]: layers[0] for layers in nodes.values()}
+    for conv in (0, 3, 7):
+        assert by_first[f"features.{conv}"] == [f"features.{conv + i}" for i in range(3)]
+    assert {"features.6", "head.1", "head.3"} <= set(by_first)
+    assert all(len(calls) == 1 for calls in nodes.values())
+    assert ROOT in by_first  # the input's quantization and layout reorders
+    with torch.inference_mode():
+        counted(*test[0][0])
+    timed = counted.node_times()
+    assert timed and {name for name, _ns, _label in timed} <= set(nodes)
+    assert any(label.startswith("Convolution (") for _name, _ns, label in timed)
+    assert built.module.counters is False  # what serves is compiled without the counters
+
+
+@needs_openvino
+def test_a_node_naming_only_its_activation_is_given_its_batchnorm_and_convolution() -> None:
+    """A convolution without a bias (a ResNet's) has its BatchNorm folded away entirely: its
+    node names only the ReLU, and the two modules before it are walked back to."""
+    from compiler._openvino_layers import node_layers
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 10)).eval()
+    test = [((torch.randn(1, 3, 8, 8),), {}) for _ in range(4)]
+    built = build(model, INT8, calibration=test)
+    counted = built.module.with_counters()
+    runtime = counted.compiled.get_runtime_model().get_ordered_ops()
+    conv = next(op for op in runtime if op.get_rt_info()["layerType"].astype(str) == "Convolution")
+    assert "__module.1/" not in conv.get_rt_info()["originalLayersNames"].astype(str)
+    nodes = node_layers(counted.compiled, model, test[0])
+    assert nodes[conv.get_friendly_name()] == [["0", "1", "2"]]
+    assert [["4"]] in nodes.values()
+
+
+@needs_openvino
+def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
+    """A known split: the first linear has 32 times the second's arithmetic, and the rows of
+    the call (each node's time on its layers, the rest between kernels) add up to it."""
+    from compiler._openvino_layers import node_layers
+    from profiler import profile_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 16)).eval()
+    test = [((torch.randn(32, 512),), {}) for _ in range(4)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on the calling thread: no wait for a preempted worker's part
+    try:
+        built = build(model, Recipe(backend=F32), example=test[0])
+    finally:
+        torch.set_num_threads(threads)
+    counted = built.module.with_counters()
+    assert counted.threads == 1
+    report = profile_model(counted, test, rounds=10, counters=False,
+                           kernels=node_layers(counted.compiled, model, test[0]))
+    rows = {r["layer"]: r for r in report.layers}
+    assert {"0", "2", "(between kernels)"} <= set(rows)
+    assert rows["0"]["op_type"].startswith("FullyConnected")
+    assert rows["0"]["p50_ms"] > 4 * rows["2"]["p50_ms"]
+    rows_ms = sum(r["mean_ms"] for r in report.layers)
+    assert rows_ms == pytest.approx(report.call["mean_ms"], rel=0.15)
+
+
 @needs_openvino
 def test_transformer_layers_are_named_to_nncf(tiny_bert: dict[str, Any]) -> None:
     model = tiny_bert["model"]

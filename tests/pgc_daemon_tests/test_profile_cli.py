@@ -221,6 +221,30 @@ def test_profile_of_a_compiled_recipe_splits_its_kernels_over_the_layers(
     assert ENV not in os.environ and not kernel_profiling()
 
 
+def test_profile_of_an_openvino_recipe_reads_its_nodes_counters(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An OpenVINO variant (the search's choice where OpenVINO is fastest) profiled through
+    OpenVINO's per-node counters: each int8 convolution's node gives its time to the
+    convolution, its BatchNorm and its ReLU, and the rows add up to the calls."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    recipe = ('{"quantization": {"_default": {"precision": "int8", "scheme": "static"}}, '
+              '"backend": {"kind": "openvino"}}')
+    code = run(["profile", "pgc_daemon.examples.digits:cnn", "--recipe", recipe, "--rounds", "3",
+                "--inputs", "4", "--threads", "1", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = _last_json(out)
+    assert report["variant"].endswith("openvino")
+    rows = {r["layer"]: r for r in report["layers"]}
+    assert {"features.0", "features.3", "features.7", "head.1", "(between kernels)"} <= set(rows)
+    assert rows["features.0"]["op_type"].startswith("Convolution (")
+    assert "fused with features.1, features.2" in rows["features.0"]["op_type"]
+    assert sum(r["latency_ratio"] for r in report["layers"]) == pytest.approx(1.0, abs=1e-6)
+    assert report["calls"] == 12
+    assert report["counters"].startswith("not used")  # read per hooked layer, not per node
+
+
 def test_doctor_says_which_gpus_get_fp8_searched() -> None:
     """On a machine with GPUs the doctor says what a model on them is searched with: fp8
     only on GPUs with float8 tensor cores (compute capability 8.9 on). The report of this
