@@ -27,6 +27,8 @@ HOT = 0.15
 INT8_LAYER = 0.02
 INT8_PATH = 0.05
 LAYOUT_WORTH = 0.02
+#: the row of a compiled variant's time outside its kernels (``profiler._compiled.BETWEEN``)
+BETWEEN = "(between kernels)"
 #: Op types with int8 kernels (oneDNN / FBGEMM on CPU, tensor cores on GPU).
 INT8_OPS = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "LSTM", "GRU"})
 
@@ -55,6 +57,13 @@ class Suggestion:
 
 def is_hot(share: float) -> bool:
     return share >= HOT
+
+
+def _hot_message(name: str, op: str, share: float) -> str:
+    if name == BETWEEN:  # no layer: quantizing or fusing one does not shorten it
+        return (f"{share:.0%} of the time is between kernels (the wrapper's calls and the "
+                "runtime between them): fewer, larger kernels or a larger batch shorten it")
+    return f"{name} ({op}) takes {share:.0%} of the time: a quantization or fusion candidate"
 
 
 def for_layer(op_type: str, share: float) -> str | None:
@@ -129,8 +138,7 @@ def suggest(
     ``hardware`` and ``layout``."""
     rows = [(r["layer"], r["op_type"], float(r.get("latency_ratio", r.get("share", 0.0)))) for r in layers]
     out = [
-        Suggestion("hot_layer", name, share,
-                   f"{name} ({op}) takes {share:.0%} of the time: a quantization or fusion candidate")
+        Suggestion("hot_layer", name, share, _hot_message(name, op, share))
         for name, op, share in rows
         if is_hot(share)
     ]

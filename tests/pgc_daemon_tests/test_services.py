@@ -155,6 +155,17 @@ def test_the_engine_ranks_hot_layers_groups_hardware_and_layout() -> None:
     assert [s.target for s in suggest.suggest([{"layer": "a", "op_type": "X", "share": 0.2}])] == ["a"]
 
 
+def test_time_between_kernels_is_not_called_a_quantization_candidate() -> None:
+    from profiler._compiled import BETWEEN
+
+    assert suggest.BETWEEN == BETWEEN  # the row the profiler writes
+    found = suggest.suggest([{"layer": BETWEEN, "op_type": "wrapper", "latency_ratio": 0.6},
+                             {"layer": "fc", "op_type": "Linear", "latency_ratio": 0.3}])
+    assert [s.target for s in found] == [BETWEEN, "fc"]
+    assert "between kernels" in found[0].message and "quantization" not in found[0].message
+    assert "quantization or fusion candidate" in found[1].message
+
+
 def test_the_cli_and_the_api_use_the_one_engine() -> None:
     from pgc_daemon.cli import profile
 
