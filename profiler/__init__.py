@@ -13,7 +13,7 @@ from typing import Any
 
 from profiler._budget import Pacer, Period, RateController
 from profiler._calls import KEY, SAMPLE, CallQueue
-from profiler._compiled import KernelTimer
+from profiler._compiled import KernelTimer, NodeKernels
 from profiler._compiled import event_cost_ns as kernel_trace_cost
 from profiler._config import ProfilerConfig
 from profiler._counters import (
@@ -67,6 +67,7 @@ __all__ = [
     "SAMPLE",
     "CallQueue",
     "KernelTimer",
+    "NodeKernels",
     "CounterAvailability",
     "Exporter",
     "HostRow",

@@ -21,6 +21,7 @@ was preempted in would be given the time, so it gives no rows.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import os
 import re
@@ -236,19 +237,29 @@ class KernelTimer:
         return out
 
 
-class NodeTimer(KernelTimer):
-    """Times a compiled module that times its own nodes (an OpenVINO model compiled with
-    ``PERF_COUNT``): after a sampled call, ``module.node_times()`` gives ``(node, ns, label)``
-    for every node it executed, in order, on the calling thread (read in ``end``, on the
-    serving thread). Rows as :class:`KernelTimer`'s: a node's time split over the layers it
-    was made from (``node_layers``, the kernel map's shape), the rest of the call (the runtime
-    between nodes, the module's own Python) as ``(between kernels)``. No trace runs, so there
-    is no recording cost to take out; the counters' own cost is in every call of such a
-    module, which is why only a profiling copy is compiled with them."""
+@dataclasses.dataclass(frozen=True)
+class NodeKernels:
+    """What a profiler needs of a compiled module that times its own nodes (an OpenVINO model
+    compiled with ``PERF_COUNT``), given to ``Profiler.watch`` as its ``kernels``: which layers
+    each node computes (``layers``, the kernel map's shape) and how to read the nodes' times
+    of the calling thread's last call (``read``: ``(node, ns, label)`` per executed node, in
+    order)."""
 
-    def __init__(self, module: nn.Module,
-                 node_layers: Mapping[str, Sequence[Sequence[str]]]) -> None:
-        super().__init__(module, node_layers)
+    layers: Mapping[str, Sequence[Sequence[str]]]
+    read: Callable[[], list[tuple[str, int, str]]]
+
+
+class NodeTimer(KernelTimer):
+    """Times a compiled module through its own per-node times (:class:`NodeKernels`), read in
+    ``end``, on the serving thread, after a sampled call. Rows as :class:`KernelTimer`'s: a
+    node's time split over the layers it was made from, the rest of the call (the runtime
+    between nodes, the module's own Python) as ``(between kernels)``. No trace runs; what a
+    sampled call costs over a live one is the counting copy's own (its twin) cost, measured by
+    :meth:`calibrate` and taken out."""
+
+    def __init__(self, module: nn.Module, kernels: NodeKernels) -> None:
+        super().__init__(module, kernels.layers)
+        self._read = kernels.read
         self._fixed_ns = self._event_ns = 0
         self._armed = False
         self.labels: dict[str, str] = {}
@@ -259,13 +270,23 @@ class NodeTimer(KernelTimer):
 
     def calibrate(self, twin: Callable[[], Any], variant: Callable[[], Any],
                   repeats: int = 12) -> int:
-        """Nothing to calibrate: no trace runs inside a sampled call."""
-        return 0
+        """What a call of the counting twin costs over one of the variant (median over rounds
+        of the difference within each round), taken out of sampled calls from then on."""
+        extra = []
+        for _ in range(repeats):
+            t = _perf_ns()
+            variant()
+            plain = _perf_ns() - t
+            t = _perf_ns()
+            twin()
+            extra.append(_perf_ns() - t - plain)
+        self._twin_ns = int(max(statistics.median(extra), 0.0))
+        return self._twin_ns
 
     def detach(self) -> None:
         if self._armed:
             self._armed = False
-            self._last = self.target.node_times()
+            self._last = self._read()
 
     def count_events(self, raw: RawCall) -> None:
         """The nodes, laid end to end as events (the counters give durations, not starts)."""
@@ -274,7 +295,7 @@ class NodeTimer(KernelTimer):
             events.append((name, t, t + ns, 0))
             self.labels[name] = label
             t += ns
-        raw.trace, raw.overhead_ns = events, 0
+        raw.trace, raw.overhead_ns = events, self._twin_ns
 
     def label(self, kernel: str) -> str:
         """A node's type and implementation (``Convolution (brgconv_avx512_amx_I8)``)."""

@@ -45,7 +45,7 @@ from torch import nn
 
 from profiler._budget import Pacer, Period, RateController
 from profiler._calls import CallQueue, inline_cost_ns
-from profiler._compiled import KernelTimer, NodeTimer
+from profiler._compiled import KernelTimer, NodeKernels, NodeTimer
 from profiler._config import ProfilerConfig
 from profiler._exporter import Exporter
 from profiler._hooks import LayerTimer, RawCall
@@ -247,18 +247,17 @@ class Profiler:
     def watch(self, module: nn.Module, kernels: Any = None) -> None:
         """Prepare per-layer timing of ``module`` (the modules that may serve): through hooks,
         or for a compiled module through its kernels, given which layers each computes
-        (``kernels``, see :mod:`profiler._compiled`; a module with ``node_times()`` reports
-        its own nodes' times, ``NodeTimer``). The profiler holds it (its timer
+        (``kernels``, see :mod:`profiler._compiled`; ``NodeKernels`` for a module that times
+        its own nodes). The profiler holds it (its timer
         references every layer) until :meth:`forget` or :meth:`retain` lets go of it."""
         timer = self._timers.get(id(module))
         if timer is not None and timer.modules and timer.modules[0] is module:
             return
         # a new module, or one that reuses the id of a module collected without ``forget``
         self._drop(timer)
-        own_times = callable(getattr(module, "node_times", None))
-        kernel_timer = NodeTimer if own_times else KernelTimer
         self._timers[id(module)] = (
-            kernel_timer(module, kernels) if kernels
+            NodeTimer(module, kernels) if isinstance(kernels, NodeKernels)
+            else KernelTimer(module, kernels) if kernels
             else LayerTimer(module, self._counter_source(), self._gpu_for(module),
                             twin=self.config.hook_twin))
 

@@ -21,8 +21,9 @@ class Slot:
     ``hookable``: per-layer hooks see its layers (eager modules). ``kernels``: for a compiled
     module, which layers each of its kernels computes (sampled calls are then split over
     them, see ``profiler._compiled``). ``twin``: the module's profiling twin (the same variant
-    built with kernel events, :mod:`~pgc_daemon.agent.twins`), which serves sampled calls
-    in its place; ``kernels`` is then the twin's. ``control``: set while this slot is a canary; then
+    built with kernel events, or an OpenVINO model compiled with its per-node counters:
+    :mod:`~pgc_daemon.agent.twins`), which serves sampled calls in its place; ``kernels`` is
+    then the twin's (``profiler.NodeKernels`` for OpenVINO's). ``control``: set while this slot is a canary; then
     calls alternate, in blocks, between it and the control (what served before), so both are
     measured side by side on the same live traffic. ``own_pool``: the module computes on a
     thread pool of its own (ONNX Runtime, OpenVINO), which torch's intra-op count does not

@@ -15,7 +15,10 @@ variant) is taken out of its rows and charged to the budget. That is measured as
 served (the variant's thread count; the priority of the thread that attached, through a
 ``runtime.Launcher``, not the swapper's lower one), and again once other processes leave
 this one more of the machine than they did then (a deployment lands while its search worker
-still runs). A call the twin fails is served
+still runs). An OpenVINO variant has no kernel events: its twin is the
+same model compiled again with OpenVINO's per-node counters, made here (loading any OpenVINO
+model compiles it), its nodes mapped to the base module's layers (``compiler._openvino_layers``).
+A call the twin fails is served
 by the variant; the twin is then taken off and not loaded again for that variant. A loaded twin
 is kept while its variant is (serving, its canary's control, or kept warm by
 :class:`~pgc_daemon.agent.variants.Variants`), so a rollback puts it back at once; after that it
@@ -51,6 +54,8 @@ MIN_COSINE = 0.9999
 #: calibrated again, at most every RECALIBRATE_S seconds
 RECALIBRATE_LOAD_DROP = 0.5
 RECALIBRATE_S = 60.0
+#: what an OpenVINO variant's twin is recorded as (it has no artifact of its own)
+OPENVINO_TWIN = "openvino-counters"
 
 
 class GuardedTwin:
@@ -130,6 +135,8 @@ class TwinWatch:
         if now < self._next_at:
             return False
         self._next_at = now + POLL_S
+        if callable(getattr(slot.module, "with_counters", None)):
+            return self._count_nodes(slot)
         with served.registry.store().session() as s:
             variant = st.repo.get_variant(s, slot.variant_id)
             recipe, digest = variant.recipe, variant.profile_artifact
@@ -148,6 +155,31 @@ class TwinWatch:
             return False
         self._loaded[slot.variant_id] = _Kept(twin.module, twin.kernel_layers, weights, digest)
         return self._put(slot, twin.module, twin.kernel_layers, weights)
+
+    def _count_nodes(self, slot: Slot) -> bool:
+        """An OpenVINO variant's twin: the same compiled model again with OpenVINO's per-node
+        counters (no worker builds it: loading an OpenVINO model compiles it for this CPU
+        anyway), its nodes mapped to the base module's layers on a live input."""
+        from compiler._openvino_layers import node_layers  # noqa: PLC0415
+        from profiler import NodeKernels  # noqa: PLC0415
+
+        key = (slot.variant_id or 0, OPENVINO_TWIN)
+        if key in self._tried:
+            return False
+        self._tried.add(key)
+        try:
+            twin = in_short_thread(slot.module.with_counters)
+            example = self._variants.warm_examples()[0]
+            layers = in_short_thread(node_layers, twin.compiled, self._served.base, example)
+            in_short_thread(self._check_outputs, slot.module, twin)
+        except Exception as exc:  # noqa: BLE001 - the variant serves all the same
+            self.state = f"not loaded: {describe(exc)}"
+            log.warning("profiling twin of %s not used: %s", slot.label, describe(exc))
+            return False
+        kernels = NodeKernels(layers, twin.node_times)
+        weights = "its own weights (OpenVINO's counting copy)"
+        self._loaded[key[0]] = _Kept(twin, kernels, weights, OPENVINO_TWIN)
+        return self._put(slot, twin, kernels, weights)
 
     def _let_go(self, slot: Slot) -> None:
         """Twins of variants neither on the slot nor kept warm any more are let go (a package,

@@ -115,8 +115,11 @@ def _openvino_variant(recipe: Any, model: Any, examples: list[Any]) -> tuple[Any
     if not isinstance(built.module, OvModule):
         raise UsageError(f"--recipe: {recipe.label()} serves through a wrapper around "
                          "OpenVINO (shape buckets): no per-layer view")
+    from profiler import NodeKernels  # noqa: PLC0415
+
     counted = built.module.with_counters()
-    return counted, node_layers(counted.compiled, model, examples[0]), recipe.label()
+    nodes = NodeKernels(node_layers(counted.compiled, model, examples[0]), counted.node_times)
+    return counted, nodes, recipe.label()
 
 
 def _to(value: Any, device: str) -> Any:

@@ -175,7 +175,7 @@ def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
     """A known split: the first linear has 32 times the second's arithmetic, and the rows of
     the call (each node's time on its layers, the rest between kernels) add up to it."""
     from compiler._openvino_layers import node_layers
-    from profiler import profile_model
+    from profiler import NodeKernels, profile_model
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 4096), torch.nn.ReLU(),
@@ -189,8 +189,8 @@ def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
         torch.set_num_threads(threads)
     counted = built.module.with_counters()
     assert counted.threads == 1
-    report = profile_model(counted, test, rounds=10, counters=False,
-                           kernels=node_layers(counted.compiled, model, test[0]))
+    nodes = NodeKernels(node_layers(counted.compiled, model, test[0]), counted.node_times)
+    report = profile_model(counted, test, rounds=10, counters=False, kernels=nodes)
     rows = {r["layer"]: r for r in report.layers}
     assert {"0", "2", "(between kernels)"} <= set(rows)
     assert rows["0"]["op_type"].startswith("FullyConnected")

@@ -304,6 +304,48 @@ class Broken(torch.nn.Module):
         raise RuntimeError("a variant bug")
 
 
+def test_an_openvino_variant_that_serves_gets_rows_per_layer_from_its_counting_twin(
+    mlp_spec: dict, settings: Settings, store: st.Store
+) -> None:
+    """An OpenVINO variant has no kernel events to trace: its twin is the same model compiled
+    again with OpenVINO's per-node counters, made by the agent itself. Sampled calls run it,
+    and its nodes' times are split over the layers they were made from."""
+    pytest.importorskip("openvino")
+    from profiler import NodeKernels
+
+    fixed = ProfilerConfig(sample_every=5, budget=None, window_s=settings.window_s)
+    served = _attach(mlp_spec, settings, profiler=fixed, canary_latency_tolerance=10.0)
+    recipe = Recipe(backend=Backend("openvino", "f32"))
+    try:
+        with Load(served, mlp_spec["model"], _inputs(mlp_spec), threads=2) as load:
+            wait_for(lambda: load.calls > 50, what="traffic")
+            dep = deploy(store, "mlp", recipe)
+            wait_for(lambda: deployment_state(store, dep) in ("active", "failed", "rolled_back"),
+                     timeout=120, what=f"deployment of {recipe.label()}")
+            assert deployment_state(store, dep) == "active"
+            wait_for(lambda: served.slot.twin is not None, timeout=30, what="the counting twin")
+            wait_for(lambda: "over a live one" in served.status()["profile_twin"], timeout=30,
+                     what="the twin's calibration")
+        assert load.errors == [] and load.wrong == 0
+        slot = served.slot
+        assert isinstance(slot.kernels, NodeKernels)
+        assert not slot.module.counters and slot.twin.twin.counters  # what serves counts nothing
+        assert "OpenVINO's counting copy" in served.status()["profile_twin"]
+        for x in _inputs(mlp_spec) * 50:
+            served(x)
+        served.flush()
+        with store.session() as s:
+            prof = profile_summary(s, st.repo.get_model(s, "mlp"))
+        active = prof["active"]
+        assert active is not None and active["variant_id"] == slot.variant_id
+        rows = {r["layer"]: r for r in active["layers"]}
+        assert {"net.1", "net.3", "net.5", BETWEEN} <= set(rows)
+        assert rows["net.1"]["op_type"].startswith("FullyConnected (")
+        assert active["layer_sum_ms"] > 0 and active["live_ms"] > 0
+    finally:
+        served.close()
+
+
 def test_a_failing_variant_falls_back_and_is_reverted(mlp_spec: dict, settings: Settings, store: st.Store) -> None:
     served = _attach(mlp_spec, settings)
     try:
