@@ -142,12 +142,8 @@ class KernelTimer:
 
         recording, twin_extra, events = [], [], []
         for _ in range(repeats):
-            t = _perf_ns()
-            variant()
-            plain = _perf_ns() - t
-            t = _perf_ns()
-            twin()
-            off = _perf_ns() - t
+            plain = _timed(variant)
+            off = _timed(twin)
             variant()
             with exclusive_trace(), profile(use_cpu=True) as trace:
                 t = _perf_ns()
@@ -274,12 +270,8 @@ class NodeTimer(KernelTimer):
         of the difference within each round), taken out of sampled calls from then on."""
         extra = []
         for _ in range(repeats):
-            t = _perf_ns()
-            variant()
-            plain = _perf_ns() - t
-            t = _perf_ns()
-            twin()
-            extra.append(_perf_ns() - t - plain)
+            plain = _timed(variant)
+            extra.append(_timed(twin) - plain)
         self._twin_ns = int(max(statistics.median(extra), 0.0))
         return self._twin_ns
 
@@ -300,6 +292,13 @@ class NodeTimer(KernelTimer):
     def label(self, kernel: str) -> str:
         """A node's type and implementation (``Convolution (brgconv_avx512_amx_I8)``)."""
         return self.labels.get(kernel, kernel)
+
+
+def _timed(call: Callable[[], Any]) -> int:
+    """One call's wall time, ns."""
+    t = _perf_ns()
+    call()
+    return _perf_ns() - t
 
 
 def _outermost_kernels(
