@@ -170,7 +170,8 @@ class TwinWatch:
         try:
             twin = in_short_thread(slot.module.with_counters)
             example = self._variants.warm_examples()[0]
-            layers = in_short_thread(node_layers, twin.compiled, self._served.base, example)
+            layers = in_short_thread(node_layers, twin.compiled, self._served.base, example,
+                                     twin.model)
             in_short_thread(self._check_outputs, slot.module, twin)
         except Exception as exc:  # noqa: BLE001 - the variant serves all the same
             self.state = f"not loaded: {describe(exc)}"

@@ -118,7 +118,8 @@ def _openvino_variant(recipe: Any, model: Any, examples: list[Any]) -> tuple[Any
     from profiler import NodeKernels  # noqa: PLC0415
 
     counted = built.module.with_counters()
-    nodes = NodeKernels(node_layers(counted.compiled, model, examples[0]), counted.node_times)
+    layers = node_layers(counted.compiled, model, examples[0], counted.model)
+    nodes = NodeKernels(layers, counted.node_times)
     return counted, nodes, recipe.label()
 
 

@@ -170,6 +170,40 @@ def test_a_node_naming_only_its_activation_is_given_its_batchnorm_and_convolutio
     assert [["4"]] in nodes.values()
 
 
+class _Residual(torch.nn.Module):
+    """A ResNet block's shape: conv-BN beside a 1x1 shortcut conv-BN, added, then ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.short, self.sbn = torch.nn.Conv2d(8, 8, 1, bias=False), torch.nn.BatchNorm2d(8)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)) + self.sbn(self.short(x)))
+
+
+@needs_openvino
+def test_convolutions_whose_nodes_name_none_of_their_modules_are_found_by_weight_shape() -> None:
+    """Fused into an addition, a block's convolutions name the block (or nothing, the
+    shortcut): each is the one unnamed module of its weight shape."""
+    from compiler._openvino_layers import ROOT, node_layers
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), _Residual(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10)).eval()
+    test = [((torch.randn(1, 3, 8, 8),), {}) for _ in range(4)]
+    counted = build(model, INT8, calibration=test).module.with_counters()
+    without = node_layers(counted.compiled, model, test[0])  # names only
+    nodes = node_layers(counted.compiled, model, test[0], counted.model)
+    assert [["2", "2.act"]] in without.values()  # the block's addition and ReLU, no conv
+    assert [["2.conv", "2.bn", "2", "2.act"]] in nodes.values()
+    shortcut = [node for node, calls in nodes.items() if calls == [["2.short", "2.sbn"]]]
+    assert len(shortcut) == 1 and without[shortcut[0]] == [[ROOT]]  # named nothing
+    assert [["0", "1"]] in nodes.values() and [["4"]] in nodes.values()
+
+
 @needs_openvino
 def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
     """A known split: the first linear has 32 times the second's arithmetic, and the rows of
