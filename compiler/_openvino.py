@@ -189,16 +189,16 @@ class OvModule(nn.Module):
     def at_threads(self, threads: int) -> OvModule:
         """The same model compiled again for ``threads`` inference threads (at one, OpenVINO
         computes on the calling thread)."""
-        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, threads,
-                         self.counters)
-        other.signature = self.signature
-        return other
+        return self._compiled_again(threads, self.counters)
 
     def with_counters(self) -> OvModule:
         """The same model compiled again with OpenVINO's per-node counters (``PERF_COUNT``),
         for a per-layer profile (:meth:`node_times`, ``compiler._openvino_layers``)."""
-        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, self.threads,
-                         counters=True)
+        return self._compiled_again(self.threads, counters=True)
+
+    def _compiled_again(self, threads: int, counters: bool) -> OvModule:
+        other = OvModule(self.model, self.input_names, self.out_spec, self.mode, threads,
+                         counters)
         other.signature = self.signature
         return other
 

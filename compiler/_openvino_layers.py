@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from compiler._openvino_nncf import QUANT_TYPES, producers
+from compiler._openvino_nncf import QUANT_TYPES, producers, traced_path
 from compiler._registry import Example
 
 ROOT = "(root)"
@@ -38,10 +38,7 @@ MAX_FOLDED = 2
 def module_path(node_name: str, modules: set[str]) -> str:
     """``__module.net.5/aten::linear/MatMul`` -> ``net.5``: the module a traced node ran in,
     or the nearest enclosing one that is a module ("" when none is)."""
-    head = node_name.split("/", 1)[0]
-    if not head.startswith("__module."):
-        return ""
-    path = head[len("__module."):]
+    path = traced_path(node_name)
     while path and path not in modules:
         path = path.rpartition(".")[0]
     return path

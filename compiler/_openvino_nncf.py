@@ -43,10 +43,16 @@ _ATTENTION = ("ScaledDotProductAttention", "Softmax")
 _PASS_THROUGH = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "AvgPool", "Convert")
 
 
-def module_of(node_name: str, leaves: set[str]) -> str:
-    """``__module.net.5/aten::linear/MatMul`` -> ``net.5`` (a leaf module's name, else "")."""
+def traced_path(node_name: str) -> str:
+    """``__module.net.5/aten::linear/MatMul`` -> ``net.5``: the module path OpenVINO's
+    converter named a node after ("" for a node it named after no module)."""
     head = node_name.split("/", 1)[0]
-    head = head[len("__module."):] if head.startswith("__module.") else ""
+    return head[len("__module."):] if head.startswith("__module.") else ""
+
+
+def module_of(node_name: str, leaves: set[str]) -> str:
+    """The leaf module a node ran in (:func:`traced_path`, when it is a leaf), else ""."""
+    head = traced_path(node_name)
     return head if head in leaves else ""
 
 

@@ -106,6 +106,7 @@ def _openvino_variant(recipe: Any, model: Any, examples: list[Any]) -> tuple[Any
     from compiler import BuildError, build  # noqa: PLC0415
     from compiler._openvino import OvModule  # noqa: PLC0415
     from compiler._openvino_layers import node_layers  # noqa: PLC0415
+    from profiler import NodeKernels  # noqa: PLC0415
 
     print(f"pgc profile: building {recipe.label()}", file=sys.stderr, flush=True)
     try:
@@ -115,8 +116,6 @@ def _openvino_variant(recipe: Any, model: Any, examples: list[Any]) -> tuple[Any
     if not isinstance(built.module, OvModule):
         raise UsageError(f"--recipe: {recipe.label()} serves through a wrapper around "
                          "OpenVINO (shape buckets): no per-layer view")
-    from profiler import NodeKernels  # noqa: PLC0415
-
     counted = built.module.with_counters()
     layers = node_layers(counted.compiled, model, examples[0], counted.model)
     nodes = NodeKernels(layers, counted.node_times)
