@@ -205,9 +205,11 @@ def test_convolutions_whose_nodes_name_none_of_their_modules_are_found_by_weight
 
 
 @needs_openvino
+@pytest.mark.serial  # compares two nodes' times: another worker beside it preempts either
 def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
-    """A known split: the first linear has 32 times the second's arithmetic, and the rows of
-    the call (each node's time on its layers, the rest between kernels) add up to it."""
+    """A known split: the first linear (its node, whose time its ReLU shares) has 32 times
+    the second's arithmetic, and the rows of the call (each node's time on its layers, the
+    rest between kernels) add up to it."""
     from compiler._openvino_layers import node_layers
     from profiler import NodeKernels, profile_model
 
@@ -228,7 +230,7 @@ def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
     rows = {r["layer"]: r for r in report.layers}
     assert {"0", "2", "(between kernels)"} <= set(rows)
     assert rows["0"]["op_type"].startswith("FullyConnected")
-    assert rows["0"]["p50_ms"] > 4 * rows["2"]["p50_ms"]
+    assert rows["0"]["p50_ms"] + rows["1"]["p50_ms"] > 4 * rows["2"]["p50_ms"]
     rows_ms = sum(r["mean_ms"] for r in report.layers)
     assert rows_ms == pytest.approx(report.call["mean_ms"], rel=0.15)
 
