@@ -12,7 +12,10 @@ time) against its live mean latency over the same calls. The issue's target: wit
     python bench/twin_profile.py [--seconds 60] [--sample-every 10] [--recipe JSON] [--json]
 
 ``--recipe`` takes another compiled recipe (on a CPU without VNNI, int8 static's package
-differs from its graph and is not built: ``'{"backend": {"kind": "inductor"}}'`` then).
+differs from its graph and is not built: ``'{"backend": {"kind": "inductor"}}'`` then). An
+OpenVINO recipe (``'{"quantization": {"_default": "int8-static-pc"}, "backend": {"kind":
+"openvino"}}'``, with the ``openvino`` extra) has no twin to build: the serving process
+compiles its counting copy itself.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def main() -> int:
         print(json.dumps({"error": "the worker's build failed"}))
         return 1
     digests = json.loads(out.stdout.strip().splitlines()[-1])
-    if not digests["twin"]:
+    if not digests["twin"] and recipe.backend.kind != "openvino":
         log(f"no package, so no twin: {digests['notes']}")
         print(json.dumps({"error": "no package built", "notes": digests["notes"]}))
         return 1
@@ -127,7 +130,8 @@ def main() -> int:
             v = st.repo.get_or_create_variant(s, served.model_id, recipe.hash, recipe.to_dict(),
                                               recipe.label())
             st.repo.set_variant_artifact(s, v.id, digests["artifact"])
-            st.repo.set_variant_profile_artifact(s, v.id, digests["twin"])
+            if digests["twin"]:
+                st.repo.set_variant_profile_artifact(s, v.id, digests["twin"])
             dep_id = st.repo.create_deployment(s, served.model_id, v.id, source="manual",
                                                reason="bench/twin_profile.py").id
         log("deploying it (verify, canary) and waiting for the twin")
@@ -145,6 +149,7 @@ def main() -> int:
         log(f"twin serving sampled calls; traffic for {args.seconds:.0f} s")
         time.sleep(args.seconds)
         served.flush()
+        stalled = served.profiler.status().get("stalled")
         with store.session() as s:
             prof = profile_summary(s, st.repo.get_model(s, "minilm"), since=since)
     finally:
@@ -160,6 +165,7 @@ def main() -> int:
         "sample_every": args.sample_every, "seconds": args.seconds, "build_s": round(build_s, 1),
         "layers": len(active.get("layers", [])), "layer_sum_ms": rows_ms, "live_ms": live_ms,
         "sum_over_live": ratio, "within_target": ratio is not None and abs(ratio - 1) <= TARGET,
+        "sampled_calls": active.get("sampled_calls"), "stalled": stalled,
         "failed_requests": len(failures), "calls": served.calls,
         "isa": cpu_isa(),
     }

@@ -203,8 +203,11 @@ class OvModule(nn.Module):
         return other
 
     def node_times(self) -> list[tuple[str, int, str]]:
-        """``(node, ns, "type (implementation)")`` per node the calling thread's last call
-        executed (compiled :meth:`with_counters`; nodes fused away or not run are left out)."""
+        """``(node, ns, "type (implementation)")`` per executed node (compiled
+        :meth:`with_counters`): OpenVINO's CPU plugin gives each node's **mean over every call
+        of this compiled model**, from all threads, each call's time cut to whole microseconds
+        (``PerfCount::avg``), not one call's. Nodes fused away, or under 1 us on average, are
+        left out."""
         executed = openvino().ProfilingInfo.Status.EXECUTED
         return [(p.node_name, int(p.real_time.total_seconds() * 1e9),
                  f"{p.node_type} ({p.exec_type})")

@@ -238,8 +238,8 @@ class NodeKernels:
     """What a profiler needs of a compiled module that times its own nodes (an OpenVINO model
     compiled with ``PERF_COUNT``), given to ``Profiler.watch`` as its ``kernels``: which layers
     each node computes (``layers``, the kernel map's shape) and how to read the nodes' times
-    of the calling thread's last call (``read``: ``(node, ns, label)`` per executed node, in
-    order)."""
+    after a sampled call (``read``: ``(node, ns, label)`` per executed node, in order; the
+    module's own figures: OpenVINO's are each node's mean over the calls it ran)."""
 
     layers: Mapping[str, Sequence[Sequence[str]]]
     read: Callable[[], list[tuple[str, int, str]]]
@@ -251,7 +251,9 @@ class NodeTimer(KernelTimer):
     node's time split over the layers it was made from, the rest of the call (the runtime
     between nodes, the module's own Python) as ``(between kernels)``. No trace runs; what a
     sampled call costs over a live one is the counting copy's own (its twin) cost, measured by
-    :meth:`calibrate` and taken out."""
+    :meth:`calibrate` and taken out. OpenVINO's node times are means over every call the
+    counting copy ran, so a sampled call's node rows are those means (its ``(between
+    kernels)`` is the call's own rest)."""
 
     def __init__(self, module: nn.Module, kernels: NodeKernels) -> None:
         super().__init__(module, kernels.layers)

@@ -74,7 +74,8 @@ class ServedModel(Lifecycle):
         return bool(self._in_flight)
 
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        slot, steady = self._slot, True
+        slot = serving = self._slot
+        steady = True
         if slot.control is not None:  # canary: alternate blocks of calls with the control
             self._ab_calls += 1
             slot, steady = slot.arm(self._ab_calls - 1)
@@ -84,7 +85,7 @@ class ServedModel(Lifecycle):
         mark = next(calls.marks)  # per layer: rows describe the variant as it serves
         token = prof.sample(slot.module) if mark and slot.per_layer and (
             use is None or use.incumbent) else None
-        module = slot.module if token is None else slot.twin or token.module  # see twins
+        module = slot.pick(token, self.calls if slot is serving else None)  # see twins
         fallback, t0 = False, _perf_ns()
         try:
             if _inference_mode_on():  # the caller's own (entering it again costs 1-4 µs)
@@ -141,8 +142,7 @@ class ServedModel(Lifecycle):
                 out = call_after_tracing(self.base, args, kwargs)
         except Exception:
             self.caller_errors += 1
-            log.debug("variant %s and the base module both failed a call: the caller's error",
-                      slot.label, exc_info=True)
+            log.debug("%s and the base both failed a call: the caller's", slot.label, exc_info=True)
             raise
         self.fallbacks += 1
         self.last_variant_error = self._failure = f"{slot.label}: {type(exc).__name__}: {exc}"
