@@ -183,6 +183,7 @@ class TwinWatch:
             layers = in_short_thread(node_layers, twin.compiled, self._served.base, example,
                                      twin.model)
             in_short_thread(self._check_outputs, slot.module, twin)
+            twin.count_from_here()  # its first calls allocated: not what its nodes take
         except Exception as exc:  # noqa: BLE001 - the variant serves all the same
             self.state = f"not loaded: {describe(exc)}"
             log.warning("profiling twin of %s not used: %s", slot.label, describe(exc))

@@ -236,6 +236,36 @@ def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
 
 
 @needs_openvino
+def test_node_times_are_openvinos_means_and_can_leave_out_the_first_calls() -> None:
+    """OpenVINO's counters give each node's mean over every call of the compiled model, not
+    the last call's: after three calls at batch 512 and twenty at batch 1, its own figures
+    still carry the large calls, while the times counted from the small calls do not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 256)).eval()
+    small, big = torch.randn(1, 256), torch.randn(512, 256)
+    built = build(model, Recipe(backend=F32), example=((small,), {}))
+    counted = built.module.with_counters()
+
+    def total_us() -> float:
+        return sum(ns for _, ns, _ in counted.node_times()) / 1e3
+
+    with torch.inference_mode():
+        for _ in range(3):
+            counted(big)
+        large = total_us()
+        counted.count_from_here()
+        for _ in range(20):
+            counted(small)
+        since = total_us()
+        counted._since = (0, {})  # OpenVINO's own means, over all 23 calls
+        means = total_us()
+    assert counted.calls == 23
+    assert means == pytest.approx((3 * large + 20 * since) / 23, rel=0.1, abs=5)
+    assert large > 20 * since and means > 5 * since
+
+
+@needs_openvino
 def test_transformer_layers_are_named_to_nncf(tiny_bert: dict[str, Any]) -> None:
     model = tiny_bert["model"]
     rules = {"_default": "int8-static-pc", r"re:.*\.output\.dense": "fp32", "encoder.pooler.dense": "fp32"}

@@ -341,7 +341,8 @@ def test_an_openvino_variant_that_serves_gets_rows_per_layer_from_its_counting_t
         # weights of its own, a sampled call after a hundred of the variant's ran 1.2x slower
         sampled = _sampled(served) - sampled
         unsampled = slot.twin.calls - twin_calls - sampled
-        assert len(calls) * 0.8 / 8 - 3 <= unsampled <= len(calls) / 8 + 3, (unsampled, sampled)
+        expected = (len(calls) - sampled) / 8  # sampling is not in step with the count
+        assert 0.6 * expected <= unsampled <= 1.4 * expected + 2, (unsampled, sampled)
         with store.session() as s:
             prof = profile_summary(s, st.repo.get_model(s, "mlp"))
         active = prof["active"]
