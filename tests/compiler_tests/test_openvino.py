@@ -238,12 +238,13 @@ def test_an_openvino_variants_rows_split_its_call_as_its_nodes_ran() -> None:
 @needs_openvino
 def test_node_times_are_openvinos_means_and_can_leave_out_the_first_calls() -> None:
     """OpenVINO's counters give each node's mean over every call of the compiled model, not
-    the last call's: after three calls at batch 512 and twenty at batch 1, its own figures
+    the last call's: after three calls at batch 4096 and twenty at batch 1, its own figures
     still carry the large calls, while the times counted from the small calls do not."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
                                 torch.nn.Linear(1024, 256)).eval()
-    small, big = torch.randn(1, 256), torch.randn(512, 256)
+    small, big = torch.randn(1, 256), torch.randn(4096, 256)  # 4096x the work: CI's load
+    # slows a call a few times, not a thousand
     built = build(model, Recipe(backend=F32), example=((small,), {}))
     counted = built.module.with_counters()
 
@@ -262,7 +263,7 @@ def test_node_times_are_openvinos_means_and_can_leave_out_the_first_calls() -> N
         means = total_us()
     assert counted.calls == 23
     assert means == pytest.approx((3 * large + 20 * since) / 23, rel=0.1, abs=5)
-    assert large > 20 * since and means > 5 * since
+    assert large > 20 * since and means > 3 * since
 
 
 @needs_openvino
