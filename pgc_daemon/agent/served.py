@@ -142,7 +142,7 @@ class ServedModel(Lifecycle):
                 out = call_after_tracing(self.base, args, kwargs)
         except Exception:
             self.caller_errors += 1
-            log.debug("%s and the base both failed a call: the caller's", slot.label, exc_info=True)
+            log.debug("%s and the base failed a call: caller's error", slot.label, exc_info=True)
             raise
         self.fallbacks += 1
         self.last_variant_error = self._failure = f"{slot.label}: {type(exc).__name__}: {exc}"
