@@ -70,10 +70,8 @@ class GuardedTwin:
 
     def __init__(self, twin: torch.nn.Module, variant: torch.nn.Module) -> None:
         self.twin, self.variant, self.failures = twin, variant, 0
-        self.calls = 0  # calls it was given (sampled, and the unsampled ones it serves)
 
     def __call__(self, *args: object, **kwargs: object) -> object:
-        self.calls += 1
         try:
             return self.twin(*args, **kwargs)
         except Exception:  # noqa: BLE001 - the variant serves the call
@@ -183,7 +181,9 @@ class TwinWatch:
             layers = in_short_thread(node_layers, twin.compiled, self._served.base, example,
                                      twin.model)
             in_short_thread(self._check_outputs, slot.module, twin)
-            twin.count_from_here()  # its first calls allocated: not what its nodes take
+            # its first calls allocated: not what its nodes take (read in a thread that ends,
+            # as the check's: an infer request per thread holds its own buffers)
+            in_short_thread(twin.count_from_here)
         except Exception as exc:  # noqa: BLE001 - the variant serves all the same
             self.state = f"not loaded: {describe(exc)}"
             log.warning("profiling twin of %s not used: %s", slot.label, describe(exc))

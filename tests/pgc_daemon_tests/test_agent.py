@@ -334,11 +334,11 @@ def test_an_openvino_variant_that_serves_gets_rows_per_layer_from_its_counting_t
         assert slot.twin_every == 8
         # the copy also serves one unsampled call in eight, which keeps it warm: with
         # weights of its own, a sampled call after a hundred of the variant's ran 1.2x slower
-        twin_calls = slot.twin.calls
+        twin_calls = slot.twin.twin.calls
         with served.profiler.paused():  # no call sampled: each twin call is a warm one
             for x in _inputs(mlp_spec) * 8:
                 served(x)
-        assert slot.twin.calls - twin_calls == len(_inputs(mlp_spec))
+        assert slot.twin.twin.calls - twin_calls == len(_inputs(mlp_spec))
         for x in _inputs(mlp_spec) * 50:
             served(x)
         served.flush()
